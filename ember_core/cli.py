@@ -1,0 +1,71 @@
+"""`ember` command line: subcommands map onto the same EngineConfig fields as LLM(**kwargs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from ember_core.config import DEFAULT_MODEL, EngineConfig
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EngineConfig()
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides --kv-cache-mib)")
+    parser.add_argument("--kv-cache-mib", type=float, default=defaults.kv_cache_mib)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--admission", choices=["preempt", "reserve"], default=defaults.admission)
+    parser.add_argument("--batching", choices=["continuous", "static"], default=defaults.batching)
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: detected)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in EngineConfig.field_names()}
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from ember_core.llm import LLM
+    from ember_core.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    llm = LLM(**engine_kwargs_from_args(args))
+    for output in llm.generate(args.prompt, params):
+        print(output.prompt + output.text if args.echo else output.text, flush=True)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], None]]]:
+    parser = argparse.ArgumentParser(prog="ember", description="ember LLM inference server")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete prompts with the offline engine")
+    add_engine_arguments(gen)
+    gen.add_argument("prompt", nargs="+")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
+    return parser, {"generate": _generate}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, commands = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        commands[args.command](args)
+    except (ValueError, OSError) as exc:
+        print(f"ember: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

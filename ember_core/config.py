@@ -1,0 +1,46 @@
+"""Engine configuration: one frozen dataclass that CLI flags, env vars and LLM(**kwargs) map onto."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+Admission = Literal["preempt", "reserve"]
+Batching = Literal["continuous", "static"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_mib: float = 128
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    admission: Admission = "preempt"
+    batching: Batching = "continuous"
+    device: str | None = None
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 1):
+            raise ValueError(f"num_blocks must be an integer >= 1, got {self.num_blocks!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"max_model_len must be an integer >= 1, got {self.max_model_len!r}")
+        if self.kv_cache_mib <= 0:
+            raise ValueError(f"kv_cache_mib must be > 0, got {self.kv_cache_mib}")
+        if self.admission not in ("preempt", "reserve"):
+            raise ValueError(f"admission must be 'preempt' or 'reserve', got {self.admission!r}")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,183 @@
+"""The engine: tokens in, tokens out. Intake validation, then a step loop of
+schedule -> run the model -> update sequences -> collect finished."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from ember_core.cache.block_manager import BlockManager
+from ember_core.config import EngineConfig
+from ember_core.core.scheduler import Scheduler, SchedulerOutput
+from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
+from ember_core.device import resolve_device, resolve_dtype
+from ember_core.loaders import LoadedModel, load_model
+from ember_core.runner.inputs import SampledToken, SamplingRequest, SequenceChunk
+from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
+from ember_core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class RequestRejected(ValueError):
+    """A request that can never run: bad token ids, too long for the context or the KV pool."""
+
+
+@dataclass(frozen=True)
+class RequestDelta:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_blocks: int
+    num_free_blocks: int
+    num_preemptions: int
+    num_running: int
+    num_waiting: int
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        self.loaded = loaded or load_model(config.model, device, dtype)
+        model = self.loaded.model
+        self.max_model_len = min(self.loaded.max_model_len, config.max_model_len or self.loaded.max_model_len)
+        num_blocks = config.num_blocks
+        bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
+        if num_blocks is None:
+            num_blocks = max(1, int(config.kv_cache_mib * 2**20) // bytes_per_block)
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)",
+            num_blocks, config.block_size, num_blocks * config.block_size,
+            num_blocks * bytes_per_block / 2**20, dtype,
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            admission=config.admission,
+            batching=config.batching,
+        )
+        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.stop_token_ids = self.loaded.stop_token_ids
+        self._sequences: dict[str, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._aborted: list[RequestDelta] = []
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+    ) -> None:
+        if request_id in self._sequences:
+            raise RequestRejected(f"request id {request_id!r} is already in flight")
+        if not prompt_token_ids:
+            raise RequestRejected("the prompt is empty")
+        vocab_size = self.loaded.vocab_size
+        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+        if bad is not None:
+            raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds the model context of {self.max_model_len} tokens"
+            )
+        seq = Sequence(next(self._seq_ids), request_id, list(prompt_token_ids), params, arrival_time or time.monotonic())
+        try:
+            self.scheduler.check_fits(seq)
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from None
+        self._sequences[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Free the requests' blocks now; their final delta comes with the next step."""
+        for request_id in request_ids:
+            seq = self._sequences.pop(request_id, None)
+            if seq is not None:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+                self._aborted.append(RequestDelta(request_id, [], [], FinishReason.ABORT, seq.num_prompt_tokens))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._sequences) or bool(self._aborted)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_blocks=self.block_manager.num_blocks,
+            num_free_blocks=self.block_manager.num_free_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+        )
+
+    def step(self) -> list[RequestDelta]:
+        deltas, self._aborted = self._aborted, []
+        decision = self.scheduler.schedule()
+        for seq in decision.finished:
+            deltas.append(self._finished_delta(seq, []))
+        if decision.is_empty:
+            return deltas
+        sampled = self.runner.execute(self._chunks(decision))
+        for seq, num_tokens, token in zip(decision.seqs, decision.num_scheduled_tokens, sampled):
+            seq.num_computed_tokens += num_tokens
+            if token is not None:
+                deltas.append(self._append_token(seq, token))
+        return deltas
+
+    def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
+        chunks = []
+        for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens):
+            start = seq.num_computed_tokens
+            sampling = None
+            if start + num_tokens == seq.num_tokens:
+                params = seq.params
+                banned: tuple[int, ...] = ()
+                if seq.num_output_tokens < params.min_tokens:
+                    banned = tuple(self.stop_token_ids | set(params.stop_token_ids))
+                sampling = SamplingRequest(params, seq.num_output_tokens, banned)
+            chunks.append(
+                SequenceChunk(
+                    seq.token_ids[start : start + num_tokens], start, self.block_manager.block_table(seq.seq_id), sampling
+                )
+            )
+        return chunks
+
+    def _append_token(self, seq: Sequence, token: SampledToken) -> RequestDelta:
+        seq.token_ids.append(token.token_id)
+        logprobs = []
+        if token.logprob is not None:
+            logprobs.append(TokenLogprob(token.logprob, token.top_logprobs))
+            seq.logprobs.append(logprobs[0])
+        reason = self._stop_reason(seq, token.token_id)
+        if reason is None:
+            return RequestDelta(seq.request_id, [token.token_id], logprobs, None, seq.num_prompt_tokens)
+        self.scheduler.finish(seq, reason)
+        return self._finished_delta(seq, [token.token_id], logprobs)
+
+    def _finished_delta(self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None) -> RequestDelta:
+        self._sequences.pop(seq.request_id, None)
+        return RequestDelta(seq.request_id, new_token_ids, logprobs or [], seq.finish_reason, seq.num_prompt_tokens)
+
+    def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.stop_token_ids):
+                return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None

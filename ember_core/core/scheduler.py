@@ -1,0 +1,156 @@
+"""Continuous batching: decide, every step, which sequences run and how many tokens each computes.
+
+Running sequences go first (oldest first), then waiting ones are admitted FIFO within the token
+budget, `max_num_seqs` and the free blocks. A prompt longer than the remaining budget is computed
+in chunks over several steps, beside the decodes of the running sequences.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ember_core.cache.block_manager import BlockManager
+from ember_core.config import Admission, Batching
+from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    # Sequences that can never fit in the pool, finished by the scheduler itself.
+    finished: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        admission: Admission = "preempt",
+        batching: Batching = "continuous",
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.admission = admission
+        self.batching = batching
+        self.waiting: deque[Sequence] = deque()
+        # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
+        self.running: dict[int, Sequence] = {}
+        self.num_reserved_blocks = 0
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def reservation_blocks(self, seq: Sequence) -> int:
+        """Blocks a request may ever need: prompt + max_tokens, capped by the model context."""
+        max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
+        return self.block_manager.blocks_for_tokens(max_len)
+
+    def check_fits(self, seq: Sequence) -> None:
+        """Reject at submission what could never run, so nothing waits forever."""
+        pool = self.block_manager.num_blocks
+        if self.admission == "reserve":
+            needed = self.reservation_blocks(seq)
+            if needed > pool:
+                raise ValueError(
+                    f"request needs {needed} KV blocks for prompt + max_tokens but the pool has only {pool}; "
+                    "lower max_tokens or enlarge the KV cache"
+                )
+        else:
+            needed = self.block_manager.blocks_for_tokens(seq.num_prompt_tokens + 1)
+            if needed > pool:
+                raise ValueError(
+                    f"prompt of {seq.num_prompt_tokens} tokens needs {needed} KV blocks but the pool has only {pool}"
+                )
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running.values()):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
+                self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
+                out.seqs.append(seq)
+                out.num_scheduled_tokens.append(num_tokens)
+                budget -= num_tokens
+        if not out.preempted and (self.batching == "continuous" or not self.running):
+            self._admit(budget, out)
+        return out
+
+    def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Preempt the youngest running sequences until seq can cover num_tokens; False if seq itself went."""
+        while not self.block_manager.can_grow(seq.seq_id, num_tokens):
+            victim = self.running[next(reversed(self.running))]
+            if victim is seq and len(self.running) == 1 and not out.seqs:
+                # Alone and still too big for the whole pool: it can never continue.
+                self.finish(seq, FinishReason.LENGTH)
+                out.finished.append(seq)
+                return False
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if self.admission == "reserve":
+                reservation = self.reservation_blocks(seq)
+                if self.num_reserved_blocks + reservation > self.block_manager.num_blocks:
+                    break
+            # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
+            if not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
+                break
+            self.waiting.popleft()
+            if self.admission == "reserve":
+                seq.reserved_blocks = reservation
+                self.num_reserved_blocks += reservation
+            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running[seq.seq_id] = seq
+            out.seqs.append(seq)
+            out.num_scheduled_tokens.append(num_tokens)
+            budget -= num_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free the KV of seq, keep its tokens, and put it at the front of the queue (recomputed later)."""
+        del self.running[seq.seq_id]
+        self.block_manager.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Release everything seq holds, in the step it finishes."""
+        if seq.status is SequenceStatus.RUNNING:
+            del self.running[seq.seq_id]
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)  # only on abort; rare
+        self.block_manager.free(seq.seq_id)
+        self.num_reserved_blocks -= seq.reserved_blocks
+        seq.reserved_blocks = 0
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

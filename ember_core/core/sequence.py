@@ -1,0 +1,73 @@
+"""A request as the engine sees it: token ids, sampling params, progress and finish state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+from ember_core.sampling_params import SamplingParams
+
+
+class FinishReason(IntEnum):
+    STOP = 1  # EOS or a stop token id
+    LENGTH = 2  # max_tokens, the model context, or a KV pool too small for the sequence
+    ABORT = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class SequenceStatus(Enum):
+    WAITING = 1
+    RUNNING = 2
+    FINISHED = 3
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    logprob: float
+    top_logprobs: tuple[tuple[int, float], ...]
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    token_ids: list[int] = field(init=False)
+    # Tokens whose K/V are in the cache; everything after them is computed in later steps.
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    reserved_blocks: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,97 @@
+"""Paged attention: new K/V are scattered into their cache slots, then every sequence attends over
+the K/V it holds, gathered through its block table. One entry point, so a faster kernel can
+replace `paged_attention` without touching the models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class PrefillSlice:
+    """A sequence computing several tokens this step (a prompt, a prompt chunk, or a recompute)."""
+
+    token_start: int  # index of its first token in the flat batch
+    num_tokens: int
+    context_len: int  # tokens in the cache once this step's are written
+    block_table: torch.Tensor  # [num_blocks_held]
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] flat cache slot of every token in the batch
+    # Sequences computing exactly one token (decodes), batched together.
+    decode_token_index: torch.Tensor  # [num_decodes]
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks], padded with block 0
+    decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True where attended
+    prefills: list[PrefillSlice]
+
+    @property
+    def num_decodes(self) -> int:
+        return self.decode_token_index.numel()
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    out = torch.empty_like(query)
+    num_heads = query.shape[1]
+    num_kv_heads = key_cache.shape[2]
+    gqa = num_kv_heads != num_heads
+    if meta.num_decodes:
+        # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
+        keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+        values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+        q = query[meta.decode_token_index].unsqueeze(2)  # [B, heads, 1, d]
+        attn = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=meta.decode_key_mask, scale=scale, enable_gqa=gqa
+        )
+        out[meta.decode_token_index] = attn.squeeze(2)
+    for p in meta.prefills:
+        keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
+        values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
+        q = query[p.token_start : p.token_start + p.num_tokens].transpose(0, 1)  # [heads, n, d]
+        offset = p.context_len - p.num_tokens
+        if offset == 0:
+            attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            # Query i sits at position offset + i and sees keys 0..offset + i.
+            rows = torch.arange(p.num_tokens, device=query.device).unsqueeze(1) + offset
+            mask = torch.arange(p.context_len, device=query.device).unsqueeze(0) <= rows
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[p.token_start : p.token_start + p.num_tokens] = attn.transpose(0, 1)
+    return out
+
+
+class PagedAttention(nn.Module):
+    """Attention over the paged KV cache; the model runner binds `key_cache` / `value_cache`."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale if scale is not None else head_dim**-0.5
+        self.key_cache = torch.empty(0)
+        self.value_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        self.key_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
+        self.value_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        out = paged_attention(q, self.key_cache, self.value_cache, meta, self.scale)
+        return out.view(num_tokens, self.num_heads * self.head_dim)

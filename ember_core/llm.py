@@ -1,0 +1,91 @@
+"""The offline API: the same Engine, driven in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from ember_core.config import DEFAULT_MODEL, EngineConfig
+from ember_core.core.engine import Engine, EngineStats
+from ember_core.core.sequence import TokenLogprob
+from ember_core.sampling_params import SamplingParams
+
+PROGRESS_BAR_MIN_PROMPTS = 8
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+class LLM:
+    def __init__(self, model: str = DEFAULT_MODEL, **engine_args) -> None:
+        self.engine = Engine(EngineConfig(model=model, **engine_args))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer files: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = params or SamplingParams()
+        param_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+        outputs: dict[str, RequestOutput] = {}
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, param_list)):
+                request_id = f"offline-{id(outputs)}-{i}"
+                prompt_ids = self._prompt_ids(prompt)
+                outputs[request_id] = RequestOutput(
+                    request_id,
+                    prompt if isinstance(prompt, str) else None,
+                    prompt_ids,
+                    logprobs=[] if p.logprobs is not None else None,
+                )
+                self.engine.add_request(request_id, prompt_ids, p)
+            self._run(outputs, use_tqdm if use_tqdm is not None else len(outputs) >= PROGRESS_BAR_MIN_PROMPTS)
+        except BaseException:
+            self.engine.abort(list(outputs))
+            while self.engine.has_unfinished():
+                self.engine.step()
+            raise
+        return list(outputs.values())
+
+    def _run(self, outputs: dict[str, RequestOutput], show_progress: bool) -> None:
+        with tqdm(total=len(outputs), desc="generate", unit="req", disable=not show_progress) as bar:
+            while self.engine.has_unfinished():
+                for delta in self.engine.step():
+                    out = outputs[delta.request_id]
+                    out.token_ids.extend(delta.new_token_ids)
+                    if out.logprobs is not None:
+                        out.logprobs.extend(delta.new_logprobs)
+                    if delta.finish_reason is not None:
+                        out.finish_reason = delta.finish_reason.label
+                        if self.tokenizer is not None:
+                            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                        bar.update(1)

@@ -1,0 +1,39 @@
+"""Hugging Face checkpoints: config.json plus safetensors (single or sharded) or pytorch_model.bin."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+WEIGHT_PATTERNS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    return json.loads(config_path.read_text())
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    for single, index in (("model.safetensors", "model.safetensors.index.json"), ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if (model_dir / single).is_file():
+            return [model_dir / single]
+        if (model_dir / index).is_file():
+            shards = sorted(set(json.loads((model_dir / index).read_text())["weight_map"].values()))
+            return [model_dir / shard for shard in shards]
+    raise ValueError(f"{model_dir} has no weights: expected one of {', '.join(WEIGHT_PATTERNS)}")
+
+
+def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in _weight_files(model_dir):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            yield from torch.load(path, map_location="cpu", weights_only=True).items()

@@ -1,0 +1,72 @@
+"""One entry point from a model name to a ready model on its device."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ember_core.loaders.hf import iter_hf_weights, read_hf_config
+from ember_core.loaders.resolve import resolve_model
+from ember_core.models.registry import model_from_hf_config
+from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: nn.Module
+    tokenizer: Tokenizer | None
+    max_model_len: int
+    vocab_size: int
+    stop_token_ids: frozenset[int]  # EOS and end-of-turn ids
+
+
+def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """Build the module without allocating random weights, then fill it from the checkpoint."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = build()
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to_empty(device=device)
+    model.load_weights(weights)
+    return model.eval()
+
+
+def _load_hf(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Tokenizer | None]:
+    hf_config = read_hf_config(model_dir)
+    model = materialize(lambda: model_from_hf_config(hf_config), iter_hf_weights(model_dir), device, dtype)
+    return model, load_hf_tokenizer(model_dir)
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    path = resolve_model(name)
+    if path.suffix == ".gguf":
+        from ember_core.loaders.gguf_loader import load_gguf
+
+        model, tokenizer = load_gguf(path, device, dtype)
+    else:
+        model, tokenizer = _load_hf(path, device, dtype)
+    config = model.config
+    stop_ids = set(config.eos_token_ids)
+    if tokenizer is not None:
+        stop_ids |= tokenizer.stop_token_ids
+    logger.info("loaded %s (%s) on %s as %s", name, type(model).__name__, device, dtype)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        max_model_len=config.max_position_embeddings,
+        vocab_size=config.vocab_size,
+        stop_token_ids=frozenset(stop_ids),
+    )

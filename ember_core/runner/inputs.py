@@ -1,0 +1,29 @@
+"""What the model runner is given each step: plain chunks of tokens with their block tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember_core.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    params: SamplingParams
+    output_index: int  # tokens generated so far: seeds the per-request noise, gates min_tokens
+    banned_token_ids: tuple[int, ...] = ()  # EOS / stop ids while min_tokens is not reached
+
+
+@dataclass(frozen=True)
+class SequenceChunk:
+    token_ids: list[int]  # the tokens computed this step
+    start_position: int  # position of token_ids[0] in its sequence
+    block_table: list[int]
+    sampling: SamplingRequest | None  # None for a prompt chunk that does not reach the end
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()

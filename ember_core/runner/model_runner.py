@@ -1,0 +1,93 @@
+"""Turns a step's chunks into batched tensors, runs the model over the paged KV pool, samples."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice
+from ember_core.runner.inputs import SampledToken, SequenceChunk
+from ember_core.runner.sampler import sample
+
+
+def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    return sum(2 * block_size * layer.num_kv_heads * layer.head_dim * element_size for layer in layers)
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
+        for layer in model.modules():
+            if isinstance(layer, PagedAttention):
+                shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+                layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def prepare(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        block_size = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode_index: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_context_lens: list[int] = []
+        prefills: list[PrefillSlice] = []
+        for chunk in chunks:
+            token_start = len(token_ids)
+            num_tokens = len(chunk.token_ids)
+            context_len = chunk.start_position + num_tokens
+            chunk_positions = range(chunk.start_position, context_len)
+            table = chunk.block_table
+            token_ids.extend(chunk.token_ids)
+            positions.extend(chunk_positions)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in chunk_positions)
+            if num_tokens == 1:
+                decode_index.append(token_start)
+                decode_tables.append(table)
+                decode_context_lens.append(context_len)
+            else:
+                held = -(-context_len // block_size)
+                prefills.append(PrefillSlice(token_start, num_tokens, context_len, self._tensor(table[:held])))
+        max_blocks = max((len(t) for t in decode_tables), default=0)
+        padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
+        key_positions = torch.arange(max_blocks * block_size, device=self.device)
+        key_mask = key_positions.unsqueeze(0) < self._tensor(decode_context_lens).unsqueeze(1)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            decode_token_index=self._tensor(decode_index),
+            decode_block_tables=self._tensor(padded).view(len(padded), max_blocks),
+            decode_key_mask=key_mask.view(len(padded), 1, 1, max_blocks * block_size),
+            prefills=prefills,
+        )
+        return self._tensor(token_ids), self._tensor(positions), meta
+
+    @torch.inference_mode()
+    def forward_hidden(self, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """Final hidden states of every token of the step, [num_tokens, hidden]."""
+        input_ids, positions, meta = self.prepare(chunks)
+        return self.model(input_ids, positions, meta)
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[SequenceChunk]) -> list[SampledToken | None]:
+        """Run one step; one sampled token for every chunk that ends its sequence's known tokens."""
+        hidden = self.forward_hidden(chunks)
+        last_token_rows: list[int] = []
+        row = 0
+        for chunk in chunks:
+            row += len(chunk.token_ids)
+            if chunk.sampling is not None:
+                last_token_rows.append(row - 1)
+        if not last_token_rows:
+            return [None] * len(chunks)
+        logits = self.model.compute_logits(hidden[last_token_rows])
+        sampled = iter(sample(logits, [c.sampling for c in chunks if c.sampling is not None]))
+        return [next(sampled) if c.sampling is not None else None for c in chunks]

@@ -1,0 +1,45 @@
+"""Shared fixtures: small random-weight checkpoints written in the Hugging Face layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+
+def write_gpt2_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=384, n_positions=256, n_embd=64, n_layer=2, n_head=4,
+        initializer_range=0.1, bos_token_id=0, eos_token_id=0, **overrides,
+    )
+    GPT2LMHeadModel(config).eval().save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_gpt2_checkpoint(tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_llm(gpt2_dir: Path):
+    from ember_core import LLM
+
+    return LLM(str(gpt2_dir), block_size=4, num_blocks=512, dtype="float32", device="cpu")
+
+
+def token_prompts(count: int, vocab_size: int = 384, seed: int = 1, min_len: int = 3, max_len: int = 40) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (count,), generator=generator).tolist()
+    return [torch.randint(1, vocab_size, (n,), generator=generator).tolist() for n in lengths]
+
+
+def assert_pool_free(llm) -> None:
+    stats = llm.stats()
+    assert stats.num_free_blocks == stats.num_blocks
+    assert stats.num_running == stats.num_waiting == 0

@@ -1,0 +1,63 @@
+"""Greedy fp32 output depends on (weights, prompt) only: not on block size, batch, preemption,
+admission policy, batching mode or prefill chunking. Every load ends with the pool fully free."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember_core import LLM, SamplingParams
+from tests.conftest import assert_pool_free, token_prompts
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+PROMPTS = token_prompts(6, seed=21, min_len=2, max_len=50)
+
+
+def make_llm(gpt2_dir, **kwargs) -> LLM:
+    kwargs.setdefault("block_size", 16)
+    kwargs.setdefault("num_blocks", 256)
+    return LLM(str(gpt2_dir), device="cpu", dtype="float32", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def expected(gpt2_dir) -> list[list[int]]:
+    llm = make_llm(gpt2_dir)
+    return [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]  # each prompt alone
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 7, 16, 64])
+def test_block_size_does_not_change_tokens(gpt2_dir, expected, block_size) -> None:
+    llm = make_llm(gpt2_dir, block_size=block_size, num_blocks=4096 // block_size)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert_pool_free(llm)
+
+
+def test_batched_with_other_lengths_equals_alone(gpt2_dir, expected) -> None:
+    llm = make_llm(gpt2_dir)
+    outs = llm.generate(PROMPTS[::-1], GREEDY)
+    assert [o.token_ids for o in outs[::-1]] == expected
+    assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("admission", ["preempt", "reserve"])
+def test_squeezed_pool_gives_identical_tokens(gpt2_dir, expected, admission) -> None:
+    # 20 blocks of 4 tokens: every prompt fits alone but not all of them together.
+    llm = make_llm(gpt2_dir, block_size=4, num_blocks=20, admission=admission)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    if admission == "preempt":
+        assert llm.stats().num_preemptions > 0
+    else:
+        assert llm.stats().num_preemptions == 0
+    assert_pool_free(llm)
+
+
+def test_static_batching_equals_continuous(gpt2_dir, expected) -> None:
+    llm = make_llm(gpt2_dir, batching="static", max_num_seqs=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("chunk", [7, 16])
+def test_chunked_prefill_does_not_change_tokens(gpt2_dir, expected, chunk) -> None:
+    llm = make_llm(gpt2_dir, max_num_batched_tokens=chunk, max_num_seqs=4)
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert_pool_free(llm)

@@ -1,0 +1,89 @@
+"""Sampling: seeds, top-k, top-p, logprobs, min_tokens, stop tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ember_core import SamplingParams
+from ember_core.runner.inputs import SamplingRequest
+from ember_core.runner.sampler import sample
+from tests.conftest import assert_pool_free, token_prompts
+
+PROMPTS = token_prompts(5, seed=31)
+
+
+def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(gpt2_llm) -> None:
+    seeded = SamplingParams(temperature=1.0, max_tokens=16, seed=1234, ignore_eos=True)
+    alone = gpt2_llm.generate([PROMPTS[0]], seeded)[0].token_ids
+    again = gpt2_llm.generate([PROMPTS[0]], seeded)[0].token_ids
+    others = [SamplingParams(temperature=0.8, max_tokens=10, ignore_eos=True)] * 4
+    batched = gpt2_llm.generate(PROMPTS, [seeded, *others])[0].token_ids
+    assert alone == again == batched
+    other_seed = gpt2_llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, max_tokens=16, seed=99, ignore_eos=True))
+    assert other_seed[0].token_ids != alone
+    assert_pool_free(gpt2_llm)
+
+
+def test_top_k_1_equals_greedy(gpt2_llm) -> None:
+    greedy = gpt2_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    top1 = gpt2_llm.generate(PROMPTS, SamplingParams(temperature=1.5, top_k=1, max_tokens=12, ignore_eos=True))
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
+
+
+def _draws(logits: list[float], params: SamplingParams, n: int) -> set[int]:
+    row = torch.tensor([logits])
+    return {sample(row.clone(), [SamplingRequest(params, i)])[0].token_id for i in range(n)}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
+    probs = [0.5, 0.3, 0.15, 0.05]
+    logits = [math.log(p) for p in probs]
+    # 0.5 < 0.7 <= 0.5 + 0.3: exactly the first two tokens
+    assert _draws(logits, SamplingParams(top_p=0.7, seed=0), 300) == {0, 1}
+    assert _draws(logits, SamplingParams(top_p=0.8, seed=0), 300) == {0, 1}
+    assert _draws(logits, SamplingParams(top_p=0.81, seed=0), 400) == {0, 1, 2}
+    assert _draws(logits, SamplingParams(top_p=0.4, seed=0), 100) == {0}
+    assert _draws(logits, SamplingParams(top_p=1.0, seed=0), 2000) == {0, 1, 2, 3}
+
+
+def test_top_k_limits_the_candidates() -> None:
+    logits = [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert _draws(logits, SamplingParams(top_k=2, seed=0), 300) == {3, 4}
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    row = probs.log().unsqueeze(0)
+    counts = torch.zeros(3)
+    for i in range(3000):
+        counts[sample(row.clone(), [SamplingRequest(SamplingParams(seed=5), i)])[0].token_id] += 1
+    assert (counts / counts.sum() - probs).abs().max() < 0.04
+
+
+def test_logprobs_are_reported_for_the_sampled_token_and_top_n(gpt2_llm) -> None:
+    out = gpt2_llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True))[0]
+    assert len(out.logprobs) == 5
+    for token_id, lp in zip(out.token_ids, out.logprobs):
+        assert len(lp.top_logprobs) == 3
+        assert lp.top_logprobs[0][0] == token_id  # greedy picks the most likely token
+        assert math.isclose(lp.logprob, lp.top_logprobs[0][1], abs_tol=1e-6)
+        values = [v for _, v in lp.top_logprobs]
+        assert values == sorted(values, reverse=True) and values[0] <= 0
+
+
+def test_stop_token_ids_min_tokens_and_eos(gpt2_llm) -> None:
+    prompt = PROMPTS[2]
+    free_run = gpt2_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].token_ids
+    stop_at = free_run[4]
+    stopped = gpt2_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at], ignore_eos=True))[0]
+    first = free_run.index(stop_at)
+    assert stopped.token_ids == free_run[: first + 1]
+    assert stopped.finish_reason == "stop"
+    held = gpt2_llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at], min_tokens=first + 2, ignore_eos=True)
+    )[0]
+    assert stop_at not in held.token_ids[: first + 2]
+    assert len(held.token_ids) >= first + 2
+    assert_pool_free(gpt2_llm)

@@ -1,0 +1,217 @@
+"""Scheduler and admission policies, driven without a model."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember_core.cache import BlockManager
+from ember_core.core.scheduler import Scheduler, SchedulerOutput
+from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
+from ember_core.sampling_params import SamplingParams
+
+
+def make_scheduler(num_blocks: int = 64, block_size: int = 4, **kwargs) -> Scheduler:
+    kwargs.setdefault("max_num_seqs", 8)
+    kwargs.setdefault("max_num_batched_tokens", 256)
+    kwargs.setdefault("max_model_len", 1024)
+    return Scheduler(BlockManager(num_blocks, block_size), **kwargs)
+
+
+_next_id = iter(range(10**6))
+
+
+def make_seq(prompt_len: int, max_tokens: int = 8) -> Sequence:
+    seq_id = next(_next_id)
+    return Sequence(seq_id, f"r{seq_id}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), 0.0)
+
+
+def run_step(s: Scheduler) -> SchedulerOutput:
+    """What the engine does after the model ran: advance, sample a dummy token, finish at max_tokens."""
+    out = s.schedule()
+    for seq, n in zip(out.seqs, out.num_scheduled_tokens):
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.token_ids.append(7)
+            if seq.num_output_tokens >= seq.params.max_tokens:
+                s.finish(seq, FinishReason.LENGTH)
+    return out
+
+
+def run_to_completion(s: Scheduler, max_steps: int = 10_000) -> list[SchedulerOutput]:
+    outs = []
+    while s.num_unfinished and len(outs) < max_steps:
+        outs.append(run_step(s))
+    assert not s.num_unfinished
+    return outs
+
+
+def test_fifo_admission_within_max_num_seqs() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    seqs = [make_seq(4) for _ in range(3)]
+    for seq in seqs:
+        s.add(seq)
+    out = s.schedule()
+    assert out.seqs == seqs[:2]
+    assert out.num_scheduled_tokens == [4, 4]
+    assert list(s.waiting) == [seqs[2]]
+
+
+def test_token_budget_chunks_a_long_prompt_and_decodes_go_first() -> None:
+    s = make_scheduler(max_num_batched_tokens=10)
+    short, long = make_seq(3), make_seq(25)
+    s.add(short)
+    run_step(s)  # short prefilled
+    s.add(long)
+    out = s.schedule()
+    assert out.seqs == [short, long]
+    assert out.num_scheduled_tokens == [1, 9]  # decode first, then a 9-token chunk of the prompt
+
+
+def test_admission_stops_when_the_whole_prompt_does_not_fit_in_free_blocks() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4)
+    first, second = make_seq(12), make_seq(8)
+    s.add(first)
+    s.add(second)
+    out = s.schedule()
+    assert out.seqs == [first]  # 3 blocks used, 1 free: the 2-block prompt waits
+    assert list(s.waiting) == [second]
+
+
+def test_finished_sequence_frees_blocks_and_a_waiting_one_runs_next_step() -> None:
+    s = make_scheduler(num_blocks=3, block_size=4, max_num_seqs=1)
+    a, b = make_seq(4, max_tokens=1), make_seq(4, max_tokens=1)
+    s.add(a)
+    s.add(b)
+    run_step(s)
+    assert a.status is SequenceStatus.FINISHED
+    assert s.block_manager.num_free_blocks == 3
+    assert s.schedule().seqs == [b]
+
+
+def test_youngest_running_sequence_is_preempted_and_keeps_its_place() -> None:
+    s = make_scheduler(num_blocks=4, block_size=2, max_num_seqs=4)
+    old, young = make_seq(4, max_tokens=20), make_seq(3, max_tokens=20)
+    s.add(old)
+    s.add(young)
+    run_step(s)  # old holds 2 blocks, young 2 blocks (3 tokens): pool full
+    assert s.block_manager.num_free_blocks == 0
+    out = s.schedule()  # old needs a third block for its 6th token
+    assert out.preempted == [young]
+    assert out.seqs == [old]
+    assert young.status is SequenceStatus.WAITING and young.num_computed_tokens == 0
+    assert s.waiting[0] is young
+    assert young.num_tokens == 4  # prompt + the token it generated: kept for recompute
+    assert s.num_preemptions == 1
+
+
+def test_preempted_sequences_return_to_the_front_in_their_original_order() -> None:
+    s = make_scheduler(num_blocks=6, block_size=2, max_num_seqs=4)
+    a, b, c = make_seq(3, max_tokens=30), make_seq(3, max_tokens=30), make_seq(3, max_tokens=30)
+    late = make_seq(2)
+    for seq in (a, b, c):
+        s.add(seq)
+    run_step(s)
+    s.add(late)
+    while not s.num_preemptions:
+        run_step(s)
+    order = list(s.waiting)
+    assert order.index(c) < order.index(late)
+    if b in order:
+        assert order.index(b) < order.index(c)
+
+
+def test_preempt_policy_finishes_every_sequence_with_a_squeezed_pool() -> None:
+    s = make_scheduler(num_blocks=10, block_size=2, max_num_seqs=8)
+    seqs = [make_seq(5, max_tokens=12) for _ in range(6)]
+    for seq in seqs:
+        s.add(seq)
+    run_to_completion(s)
+    assert s.num_preemptions > 0
+    assert all(seq.num_output_tokens == 12 for seq in seqs)
+    assert s.block_manager.num_free_blocks == 10
+
+
+def test_reserve_admission_never_preempts_and_respects_reservations() -> None:
+    s = make_scheduler(num_blocks=10, block_size=2, admission="reserve")
+    seqs = [make_seq(4, max_tokens=6) for _ in range(4)]  # 5 blocks each
+    for seq in seqs:
+        s.add(seq)
+    out = s.schedule()
+    assert out.seqs == seqs[:2]
+    assert s.num_reserved_blocks == 10
+    run_to_completion(s)
+    assert s.num_preemptions == 0
+    assert s.num_reserved_blocks == 0
+    assert s.block_manager.num_free_blocks == 10
+
+
+def test_reserve_releases_the_reservation_of_a_request_that_finishes_early() -> None:
+    s = make_scheduler(num_blocks=10, block_size=2, admission="reserve")
+    a, b = make_seq(4, max_tokens=6), make_seq(4, max_tokens=6)
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    s.finish(a, FinishReason.STOP)
+    assert s.num_reserved_blocks == 5
+    c = make_seq(4, max_tokens=6)
+    s.add(c)
+    assert c in s.schedule().seqs
+
+
+def test_reserve_rejects_a_request_larger_than_the_pool() -> None:
+    s = make_scheduler(num_blocks=4, block_size=2, admission="reserve")
+    with pytest.raises(ValueError, match="KV blocks"):
+        s.check_fits(make_seq(4, max_tokens=6))
+
+
+def test_preempt_rejects_a_prompt_larger_than_the_pool() -> None:
+    s = make_scheduler(num_blocks=2, block_size=2)
+    s.check_fits(make_seq(3, max_tokens=100))
+    with pytest.raises(ValueError, match="KV blocks"):
+        s.check_fits(make_seq(4))
+
+
+def test_a_lone_sequence_outgrowing_the_pool_finishes_with_length() -> None:
+    s = make_scheduler(num_blocks=2, block_size=2)
+    seq = make_seq(3, max_tokens=10)
+    s.add(seq)
+    run_to_completion(s)
+    assert seq.finish_reason is FinishReason.LENGTH
+    assert seq.num_tokens == 5  # the 5th token was sampled from a full pool; its K/V had no room
+    assert s.block_manager.num_free_blocks == 2
+
+
+def test_static_batching_admits_only_when_the_batch_is_done() -> None:
+    s = make_scheduler(batching="static", max_num_seqs=2)
+    a, b, c = make_seq(3, max_tokens=1), make_seq(3, max_tokens=4), make_seq(3, max_tokens=1)
+    for seq in (a, b, c):
+        s.add(seq)
+    run_step(s)  # a finishes at once, b still running
+    assert a.is_finished
+    out = run_step(s)
+    assert out.seqs == [b]  # c waits although a slot is free
+    run_to_completion(s)
+    assert c.is_finished
+
+
+def test_continuous_batching_fills_a_free_slot_in_the_next_step() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    a, b, c = make_seq(3, max_tokens=1), make_seq(3, max_tokens=4), make_seq(3, max_tokens=1)
+    for seq in (a, b, c):
+        s.add(seq)
+    run_step(s)
+    assert a.is_finished
+    out = s.schedule()
+    assert out.seqs == [b, c]
+
+
+def test_abort_of_a_waiting_sequence_removes_it() -> None:
+    s = make_scheduler(max_num_seqs=1)
+    a, b = make_seq(3), make_seq(3)
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    s.finish(b, FinishReason.ABORT)
+    s.finish(a, FinishReason.ABORT)
+    assert not s.num_unfinished
+    assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
