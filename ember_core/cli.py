@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 
 
+def _env(name: str, default):
+    """Every engine flag can also come from EMBER_<FLAG> (argparse converts string defaults with `type`)."""
+    return os.environ.get(f"EMBER_{name.upper()}", default)
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig()
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
-    parser.add_argument("--block-size", type=int, default=defaults.block_size)
-    parser.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides --kv-cache-mib)")
-    parser.add_argument("--kv-cache-mib", type=float, default=defaults.kv_cache_mib)
-    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--admission", choices=["preempt", "reserve"], default=defaults.admission)
-    parser.add_argument("--batching", choices=["continuous", "static"], default=defaults.batching)
-    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: detected)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--model", default=_env("model", DEFAULT_MODEL), help="local dir, .gguf file, hub repo id or short name")
+    parser.add_argument("--block-size", type=int, default=_env("block_size", defaults.block_size))
+    parser.add_argument("--num-blocks", type=int, default=_env("num_blocks", None),
+                        help="KV pool size in blocks (overrides --kv-cache-mib)")
+    parser.add_argument("--kv-cache-mib", type=float, default=_env("kv_cache_mib", defaults.kv_cache_mib))
+    parser.add_argument("--max-num-seqs", type=int, default=_env("max_num_seqs", defaults.max_num_seqs))
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        default=_env("max_num_batched_tokens", defaults.max_num_batched_tokens))
+    parser.add_argument("--max-model-len", type=int, default=_env("max_model_len", None))
+    parser.add_argument("--admission", choices=["preempt", "reserve"], default=_env("admission", defaults.admission))
+    parser.add_argument("--batching", choices=["continuous", "static"], default=_env("batching", defaults.batching))
+    parser.add_argument("--device", default=_env("device", None), help="cuda, mps or cpu (default: detected)")
+    parser.add_argument("--dtype", default=_env("dtype", None), help="float32, bfloat16, float16 or auto")
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:
@@ -51,10 +59,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
+    sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP API (same as ember-serve)", add_help=False)
     return parser, {"generate": _generate}
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from ember_engine.serve import main as serve
+
+        return serve(argv[1:])
     parser, commands = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

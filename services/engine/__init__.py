@@ -1,0 +1,1 @@
+"""ember's engine worker process (installed as `ember_engine`)."""

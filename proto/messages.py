@@ -1,0 +1,140 @@
+"""Wire messages between gateways and the engine: msgspec Structs in two tagged unions.
+
+Every message is a MessagePack array whose first element is the type tag (the class name).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Message(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class WireFinishReason(IntEnum):
+    STOP = 1
+    LENGTH = 2
+    ABORT = 3
+
+
+class RejectCode(IntEnum):
+    INVALID_REQUEST = 400  # the request can never run: bad ids, too long, bad params
+    INTERNAL = 500  # the engine failed while running the request
+    UNAVAILABLE = 503  # the engine is draining or does not know this gateway (send Hello again)
+
+
+class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+
+
+# gateway -> engine
+
+
+class Hello(_Message):
+    protocol_version: int
+    gateway_id: str
+
+
+class Generate(_Message):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingOptions
+    arrival_time: float  # time.time() at the gateway
+    deadline: float | None = None  # time.time() after which the engine aborts the request
+
+
+class Abort(_Message):
+    request_ids: list[str]
+
+
+GatewayMessage = Hello | Generate | Abort
+
+
+# engine -> gateway
+
+
+class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    model_id: str
+    max_model_len: int
+    vocab_size: int
+    stop_token_ids: list[int]
+    tokenizer_spec: bytes = b""  # a MessagePack-encoded ember_core.tokenizer.TokenizerSpec; empty: none
+    created: int = 0
+
+
+class Ready(_Message):
+    protocol_version: int
+    engine_id: str  # new on every engine start: a gateway that sees it change lost its in-flight requests
+    model: ModelCard
+
+
+class EngineStats(msgspec.Struct, array_like=True, gc=False):
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_used: int
+    num_kv_blocks_total: int
+    num_preemptions: int
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    logprobs: list[TokenLogprobs] = []
+    finish_reason: WireFinishReason | None = None
+
+
+class StepOutputs(_Message):
+    step: int
+    outputs: list[RequestDelta]
+    stats: EngineStats
+
+
+class Rejected(_Message):
+    request_id: str
+    code: RejectCode
+    message: str
+
+
+class Heartbeat(_Message):
+    engine_id: str
+    stats: EngineStats
+
+
+EngineMessage = Ready | StepOutputs | Rejected | Heartbeat
+
+_encoder = msgspec.msgpack.Encoder()
+_gateway_decoder = msgspec.msgpack.Decoder(GatewayMessage)
+_engine_decoder = msgspec.msgpack.Decoder(EngineMessage)
+
+
+def encode(message: _Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_gateway_message(data: bytes) -> GatewayMessage:
+    """Raises msgspec.DecodeError / ValidationError on anything malformed or unknown."""
+    return _gateway_decoder.decode(data)
+
+
+def decode_engine_message(data: bytes) -> EngineMessage:
+    return _engine_decoder.decode(data)

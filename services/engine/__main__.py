@@ -1,0 +1,3 @@
+from ember_engine.cli import main
+
+main()

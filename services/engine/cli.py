@@ -1,0 +1,51 @@
+"""`ember-engine`: load a model and serve it to gateways over ZeroMQ."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember-engine", description="ember engine worker")
+    add_engine_arguments(parser)
+    parser.add_argument("--bind", default=os.environ.get("EMBER_BIND", DEFAULT_BIND), help="tcp://HOST:PORT or ipc://PATH")
+    parser.add_argument("--served-model-name", default=None, help="model id reported to clients (default: --model)")
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0)
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests may finish after SIGTERM before they are aborted")
+    parser.add_argument("--log-level", default=os.environ.get("EMBER_LOG_LEVEL", "INFO"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ember_core.config import EngineConfig
+    from ember_core.core.engine import Engine
+    from ember_engine.worker import EngineWorker, WorkerOptions
+
+    try:
+        engine = Engine(EngineConfig(**engine_kwargs_from_args(args)))
+        worker = EngineWorker(
+            engine,
+            args.served_model_name or args.model,
+            WorkerOptions(args.bind, args.heartbeat_interval, args.shutdown_timeout),
+        )
+    except (ValueError, OSError) as exc:
+        print(f"ember-engine: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.request_shutdown())
+    worker.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The engine worker: a ROUTER socket in front of Engine.step().
+
+Intake never blocks a step while work is running; when idle the loop blocks on the socket (up to
+one heartbeat interval). After each step every gateway gets one StepOutputs with all its deltas.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+
+from ember_core.core.engine import Engine, RequestDelta, RequestRejected
+from ember_core.sampling_params import SamplingParams
+from ember_proto import (
+    PROTOCOL_VERSION,
+    Abort,
+    EngineStats,
+    Generate,
+    Heartbeat,
+    Hello,
+    ModelCard,
+    Ready,
+    Rejected,
+    RejectCode,
+    StepOutputs,
+    TokenLogprobs,
+    WireFinishReason,
+    decode_gateway_message,
+    encode,
+    make_socket,
+)
+from ember_proto import RequestDelta as WireDelta
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerOptions:
+    bind: str
+    heartbeat_interval: float = 1.0
+    shutdown_timeout: float = 10.0  # seconds in-flight requests may still run after SIGTERM
+
+
+@dataclass
+class _Gateways:
+    """Gateways that said Hello (socket identity -> when we last sent them anything) and which
+    gateway owns each request in flight."""
+
+    last_sent: dict[bytes, float] = field(default_factory=dict)
+    owner_of: dict[str, bytes] = field(default_factory=dict)
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine, model_id: str, options: WorkerOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self.engine_id = uuid.uuid4().hex
+        self.context = zmq.Context()
+        self.socket = make_socket(self.context, zmq.ROUTER, options.bind, bind=True)
+        self.gateways = _Gateways()
+        self.deadlines: list[tuple[float, str]] = []
+        self.step_counter = 0
+        self.draining_since: float | None = None
+        tokenizer = engine.tokenizer
+        self.ready = Ready(
+            PROTOCOL_VERSION,
+            self.engine_id,
+            ModelCard(
+                model_id=model_id,
+                max_model_len=engine.max_model_len,
+                vocab_size=engine.loaded.vocab_size,
+                stop_token_ids=sorted(engine.stop_token_ids),
+                tokenizer_spec=msgspec.msgpack.encode(tokenizer.spec) if tokenizer is not None else b"",
+                created=int(time.time()),
+            ),
+        )
+
+    def request_shutdown(self) -> None:
+        if self.draining_since is None:
+            logger.info("shutdown requested: no new requests; %d in flight", len(self.gateways.owner_of))
+            self.draining_since = time.monotonic()
+
+    def run(self) -> None:
+        logger.info("engine %s listening on %s", self.engine_id, self.options.bind)
+        try:
+            while not (self.draining_since is not None and not self.engine.has_unfinished()):
+                busy = self.engine.has_unfinished()
+                self._receive(timeout_ms=0 if busy else int(self.options.heartbeat_interval * 1000))
+                self._expire_deadlines()
+                self._abort_all_after_shutdown_timeout()
+                if self.engine.has_unfinished():
+                    self._step()
+                self._heartbeat()
+        finally:
+            self.socket.close()
+            self.context.term()
+        logger.info("engine stopped")
+
+    def _receive(self, timeout_ms: int) -> None:
+        if not self.socket.poll(timeout_ms):
+            return
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                logger.warning("dropping a message of %d frames (expected identity + payload)", len(frames))
+                continue
+            identity, payload = frames
+            try:
+                message = decode_gateway_message(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                logger.warning("dropping a malformed message from %r: %s", identity, exc)
+                continue
+            self._handle(identity, message)
+
+    def _handle(self, identity: bytes, message: Hello | Generate | Abort) -> None:
+        if isinstance(message, Hello):
+            if message.protocol_version != PROTOCOL_VERSION:
+                self._send(identity, Rejected("", RejectCode.INVALID_REQUEST,
+                                              f"protocol version {message.protocol_version} is not {PROTOCOL_VERSION}"))
+                return
+            logger.info("gateway %s connected", message.gateway_id)
+            self.gateways.last_sent[identity] = 0.0
+            self._send(identity, self.ready)
+        elif isinstance(message, Generate):
+            self._generate(identity, message)
+        else:
+            owned = [r for r in message.request_ids if self.gateways.owner_of.get(r) == identity]
+            self.engine.abort(owned)
+
+    def _generate(self, identity: bytes, message: Generate) -> None:
+        request_id = message.request_id
+        if self.draining_since is not None:
+            self._send(identity, Rejected(request_id, RejectCode.UNAVAILABLE, "the engine is shutting down"))
+            return
+        if identity not in self.gateways.last_sent:
+            self._send(identity, Rejected(request_id, RejectCode.UNAVAILABLE, "unknown gateway: send Hello first"))
+            return
+        try:
+            params = SamplingParams(**msgspec.structs.asdict(message.sampling))
+            self.engine.add_request(request_id, message.prompt_token_ids, params, arrival_time=time.monotonic())
+        except (ValueError, TypeError) as exc:  # RequestRejected is a ValueError
+            self._send(identity, Rejected(request_id, RejectCode.INVALID_REQUEST, str(exc)))
+            return
+        self.gateways.owner_of[request_id] = identity
+        if message.deadline is not None:
+            heapq.heappush(self.deadlines, (message.deadline, request_id))
+
+    def _expire_deadlines(self) -> None:
+        now = time.time()
+        expired = []
+        while self.deadlines and self.deadlines[0][0] <= now:
+            expired.append(heapq.heappop(self.deadlines)[1])
+        if expired:
+            self.engine.abort([r for r in expired if r in self.gateways.owner_of])
+
+    def _abort_all_after_shutdown_timeout(self) -> None:
+        if self.draining_since is not None and time.monotonic() - self.draining_since > self.options.shutdown_timeout:
+            self.engine.abort(list(self.gateways.owner_of))
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step()
+        except Exception:
+            logger.exception("engine step failed; failing every request in flight")
+            self._fail_all("the engine failed while running this request")
+            return
+        self.step_counter += 1
+        by_gateway: dict[bytes, list[WireDelta]] = {}
+        for delta in deltas:
+            owner = self.gateways.owner_of.get(delta.request_id)
+            if owner is None:
+                continue
+            if delta.finish_reason is not None:
+                del self.gateways.owner_of[delta.request_id]
+            by_gateway.setdefault(owner, []).append(_to_wire(delta))
+        stats = self._stats()
+        for identity, outputs in by_gateway.items():
+            self._send(identity, StepOutputs(self.step_counter, outputs, stats))
+
+    def _fail_all(self, message: str) -> None:
+        in_flight = dict(self.gateways.owner_of)
+        self.engine.abort(list(in_flight))
+        self.engine.step()  # only collects the abort deltas: nothing is left to compute
+        self.gateways.owner_of.clear()
+        for request_id, identity in in_flight.items():
+            self._send(identity, Rejected(request_id, RejectCode.INTERNAL, message))
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        due = [g for g, sent in self.gateways.last_sent.items() if now - sent >= self.options.heartbeat_interval]
+        if due:
+            heartbeat = Heartbeat(self.engine_id, self._stats())
+            for identity in due:
+                self._send(identity, heartbeat)
+
+    def _stats(self) -> EngineStats:
+        s = self.engine.stats()
+        return EngineStats(s.num_running, s.num_waiting, s.num_blocks - s.num_free_blocks, s.num_blocks, s.num_preemptions)
+
+    def _send(self, identity: bytes, message) -> None:
+        if identity in self.gateways.last_sent:
+            self.gateways.last_sent[identity] = time.monotonic()
+        try:
+            self.socket.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("gateway %r is not reading; dropped a %s", identity, type(message).__name__)
+
+
+def _to_wire(delta: RequestDelta) -> WireDelta:
+    logprobs = [
+        TokenLogprobs(lp.logprob, [t for t, _ in lp.top_logprobs], [v for _, v in lp.top_logprobs])
+        for lp in delta.new_logprobs
+    ]
+    reason = WireFinishReason(int(delta.finish_reason)) if delta.finish_reason is not None else None
+    return WireDelta(delta.request_id, delta.new_token_ids, delta.num_prompt_tokens, logprobs, reason)
