@@ -1,0 +1,219 @@
+"""The engine worker over its real ROUTER socket, driven by raw DEALER clients."""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+
+import msgspec
+import pytest
+import zmq
+
+from ember_core import SamplingParams
+from ember_proto import (
+    PROTOCOL_VERSION,
+    Abort,
+    Generate,
+    Heartbeat,
+    Hello,
+    Ready,
+    Rejected,
+    RejectCode,
+    SamplingOptions,
+    StepOutputs,
+    WireFinishReason,
+    decode_engine_message,
+    encode,
+    make_socket,
+)
+from tests.conftest import token_prompts
+from tests.processes import engine_argv, free_port, spawned, stop_process
+
+NUM_BLOCKS = 64
+
+
+class Client:
+    """A bare gateway: one DEALER, Hello, and helpers to collect a request's deltas."""
+
+    def __init__(self, context: zmq.Context, address: str, hello: bool = True) -> None:
+        self.gateway_id = f"gw-test-{uuid.uuid4().hex[:8]}"
+        self.socket = make_socket(context, zmq.DEALER, address, bind=False, identity=self.gateway_id.encode())
+        self.ready: Ready | None = None
+        if hello:
+            self.send(Hello(PROTOCOL_VERSION, self.gateway_id))
+            self.ready = self.expect(Ready, timeout=60)
+
+    def send(self, message) -> None:
+        self.socket.send(encode(message))
+
+    def recv(self, timeout: float):
+        if not self.socket.poll(int(timeout * 1000)):
+            raise TimeoutError("no message from the engine")
+        return decode_engine_message(self.socket.recv())
+
+    def expect(self, kind, timeout: float = 10):
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self.recv(max(0.01, deadline - time.monotonic()))
+            if isinstance(message, kind):
+                return message
+
+    def generate(self, request_id: str, prompt: list[int], **sampling) -> None:
+        self.send(Generate(request_id, prompt, SamplingOptions(**sampling), time.time()))
+
+    def collect(self, request_ids: set[str], timeout: float = 30) -> tuple[dict, list[StepOutputs]]:
+        """Tokens and finish reason of each request, plus every StepOutputs seen."""
+        results = {r: {"tokens": [], "finish": None, "rejected": None} for r in request_ids}
+        steps: list[StepOutputs] = []
+        pending = set(request_ids)
+        deadline = time.monotonic() + timeout
+        while pending:
+            message = self.recv(max(0.01, deadline - time.monotonic()))
+            if isinstance(message, StepOutputs):
+                steps.append(message)
+                for delta in message.outputs:
+                    results[delta.request_id]["tokens"] += delta.new_token_ids
+                    if delta.finish_reason is not None:
+                        results[delta.request_id]["finish"] = delta.finish_reason
+                        pending.discard(delta.request_id)
+            elif isinstance(message, Rejected) and message.request_id in pending:
+                results[message.request_id]["rejected"] = message
+                pending.discard(message.request_id)
+        return results, steps
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+@pytest.fixture(scope="module")
+def engine(gpt2_dir, tmp_path_factory):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    argv = engine_argv(gpt2_dir, address, "--num-blocks", str(NUM_BLOCKS), "--block-size", "4", "--heartbeat-interval", "0.3")
+    with spawned(argv, log) as process:
+        yield address, process
+
+
+@pytest.fixture
+def context():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def test_ready_carries_the_model_card(engine, context) -> None:
+    client = Client(context, engine[0])
+    card = client.ready.model
+    assert card.vocab_size == 384 and card.max_model_len == 256
+    assert card.tokenizer_spec == b""  # this checkpoint has no tokenizer files
+    assert card.stop_token_ids == [0]
+
+
+def test_tokens_equal_the_offline_engine(engine, context, gpt2_llm) -> None:
+    prompts = token_prompts(4, seed=41)
+    client = Client(context, engine[0])
+    for i, prompt in enumerate(prompts):
+        client.generate(f"r{i}", prompt, max_tokens=10, temperature=0, ignore_eos=True)
+    results, _ = client.collect({f"r{i}" for i in range(len(prompts))})
+    offline = gpt2_llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    for i, out in enumerate(offline):
+        assert results[f"r{i}"]["tokens"] == out.token_ids
+        assert results[f"r{i}"]["finish"] is WireFinishReason.LENGTH
+
+
+def test_malformed_messages_are_dropped_and_the_engine_keeps_serving(engine, context) -> None:
+    client = Client(context, engine[0])
+    client.socket.send(b"\x00garbage")
+    client.socket.send(msgspec.msgpack.encode(["Explode", 1, 2]))
+    client.socket.send(msgspec.msgpack.encode(["Generate", "x", "not a list"]))
+    client.socket.send_multipart([b"a", b"b"])
+    client.send(Abort(["nobody"]))
+    client.generate("ok", [1, 2, 3], max_tokens=3, temperature=0)
+    results, _ = client.collect({"ok"})
+    assert len(results["ok"]["tokens"]) == 3
+    assert engine[1].poll() is None
+
+
+@pytest.mark.parametrize(
+    "prompt, sampling, fragment",
+    [
+        ([1, 2, 384], {}, "outside the vocabulary"),
+        ([], {}, "empty"),
+        ([1] * 250, {"max_tokens": 10}, "exceeds the model context"),
+        ([1, 2], {"top_p": 0.0}, "top_p"),
+        ([1, 2], {"max_tokens": 0}, "max_tokens"),
+        ([1] * 255, {"max_tokens": 1, "min_tokens": 0}, None),
+    ],
+)
+def test_bad_requests_are_rejected_with_400(engine, context, prompt, sampling, fragment) -> None:
+    client = Client(context, engine[0])
+    client.generate("bad", prompt, **sampling)
+    results, _ = client.collect({"bad"})
+    rejected = results["bad"]["rejected"]
+    if fragment is None:
+        assert rejected is None and results["bad"]["finish"] is not None
+    else:
+        assert rejected.code is RejectCode.INVALID_REQUEST and fragment in rejected.message
+
+
+def test_a_gateway_that_never_said_hello_gets_503(engine, context) -> None:
+    client = Client(context, engine[0], hello=False)
+    client.generate("r", [1, 2, 3])
+    rejected = client.expect(Rejected, timeout=10)
+    assert rejected.code is RejectCode.UNAVAILABLE and rejected.request_id == "r"
+
+
+def test_abort_frees_the_blocks_within_a_step(engine, context) -> None:
+    client = Client(context, engine[0])
+    client.generate("long", [1, 2, 3, 4, 5], max_tokens=200, temperature=0, ignore_eos=True)
+    first = client.expect(StepOutputs)
+    client.send(Abort(["long"]))
+    results, steps = client.collect({"long"})
+    assert results["long"]["finish"] is WireFinishReason.ABORT
+    assert steps[-1].step - first.step <= 3
+    assert steps[-1].stats.num_kv_blocks_used == 0 and steps[-1].stats.num_running == 0
+
+
+def test_deadline_aborts_the_request(engine, context) -> None:
+    client = Client(context, engine[0])
+    client.send(Generate("late", [1, 2, 3], SamplingOptions(max_tokens=240, ignore_eos=True), time.time(), time.time() + 0.2))
+    results, steps = client.collect({"late"})
+    assert results["late"]["finish"] is WireFinishReason.ABORT
+    assert len(results["late"]["tokens"]) < 240
+    assert steps[-1].stats.num_kv_blocks_used == 0
+
+
+def test_two_gateways_get_only_their_own_deltas_one_message_per_step(engine, context) -> None:
+    a, b = Client(context, engine[0]), Client(context, engine[0])
+    for i in range(3):
+        a.generate(f"a{i}", [1, 2, 3 + i], max_tokens=8, temperature=0, ignore_eos=True)
+        b.generate(f"b{i}", [4, 5, 6 + i], max_tokens=8, temperature=0, ignore_eos=True)
+    for client, prefix in ((a, "a"), (b, "b")):
+        results, steps = client.collect({f"{prefix}{i}" for i in range(3)})
+        assert all(len(r["tokens"]) == 8 for r in results.values())
+        assert all(d.request_id.startswith(prefix) for s in steps for d in s.outputs)
+        step_numbers = [s.step for s in steps]
+        assert len(step_numbers) == len(set(step_numbers))
+
+
+def test_an_idle_engine_sends_heartbeats(engine, context) -> None:
+    client = Client(context, engine[0])
+    heartbeat = client.expect(Heartbeat, timeout=5)
+    assert heartbeat.engine_id == client.ready.engine_id
+    assert heartbeat.stats.num_kv_blocks_total == NUM_BLOCKS
+
+
+def test_sigterm_stops_admitting_aborts_in_flight_after_the_timeout_and_exits_0(gpt2_dir, tmp_path, context) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    argv = engine_argv(gpt2_dir, address, "--num-blocks", "64", "--shutdown-timeout", "0.5")
+    with spawned(argv, tmp_path / "engine.log") as process:
+        client = Client(context, address)
+        client.generate("inflight", [1, 2, 3], max_tokens=250, temperature=0, ignore_eos=True)
+        client.expect(StepOutputs)
+        process.send_signal(signal.SIGTERM)
+        client.generate("new", [1, 2, 3], max_tokens=2)
+        results, _ = client.collect({"inflight", "new"})
+        assert results["new"]["rejected"].code is RejectCode.UNAVAILABLE
+        assert results["inflight"]["finish"] in (WireFinishReason.ABORT, WireFinishReason.LENGTH)
+        assert stop_process(process) == 0
