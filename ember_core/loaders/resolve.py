@@ -43,6 +43,8 @@ def resolve_model(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path
+    if name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
+        raise ValueError(f"model path {path} does not exist (expected a model directory or a .gguf file)")
     tried = [f"local path {path} (not found)"]
     repo_id = name
     short = SHORT_NAMES.get(name.lower())

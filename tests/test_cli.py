@@ -1,0 +1,34 @@
+"""`ember generate`: real completions, and one-line errors for bad arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def run_ember(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ember_core.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_missing_model_path_is_a_one_line_error() -> None:
+    result = run_ember("generate", "--model", "/no/such/model", "hello")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "does not exist" in result.stderr
+
+
+def test_text_prompt_for_a_model_without_tokenizer_files(gpt2_dir) -> None:
+    result = run_ember("generate", "--model", str(gpt2_dir), "--device", "cpu", "hello")
+    assert result.returncode == 2
+    assert "no tokenizer" in result.stderr.strip().splitlines()[-1]
+
+
+def test_invalid_sampling_value_is_a_one_line_error(gpt2_dir) -> None:
+    result = run_ember("generate", "--model", str(gpt2_dir), "--max-tokens", "0", "hello")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "ember: error: max_tokens must be an integer >= 1, got 0"
+
+
+def test_unknown_flag_is_rejected_by_argparse() -> None:
+    result = run_ember("generate", "--bogus", "x")
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
