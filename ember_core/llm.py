@@ -41,7 +41,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer files: pass prompts as lists of token ids")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode_prompt(prompt)
         return list(prompt)
 
     def generate(

