@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from ember_bench.cli import add_bench_parser, run_bench
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 
 
@@ -59,8 +60,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
+    add_bench_parser(sub)
     sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP API (same as ember-serve)", add_help=False)
-    return parser, {"generate": _generate}
+    return parser, {"generate": _generate, "bench": run_bench}
 
 
 def main(argv: list[str] | None = None) -> None:

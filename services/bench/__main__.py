@@ -1,0 +1,3 @@
+from ember_bench.cli import main
+
+main()

@@ -1,0 +1,189 @@
+"""`ember bench serve|offline`: arguments, and the contract that a bad input is one line on stderr
+and exit code 2. `ember` imports this module to build its parser, so everything heavier than argparse
+(numpy, aiohttp, torch) is imported only by the command that runs."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from ember_core.config import DEFAULT_MODEL, EngineConfig
+
+from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
+
+ENGINE_FLAGS = ("block_size", "num_blocks", "kv_cache_mib", "max_num_batched_tokens", "max_model_len", "device")
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `bench` on an `ember` subparsers object; dispatch the parsed args with run_bench."""
+    bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server or the offline engine")
+    _add_commands(bench)
+    return bench
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    """Run the parsed command. Bad inputs raise ValueError or OSError with a one-line message."""
+    exit_code = args.bench_handler(args)
+    if exit_code:
+        sys.exit(exit_code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ember bench", description="benchmark an ember server or engine")
+    _add_commands(parser)
+    args = parser.parse_args(argv)
+    try:
+        run_bench(args)
+    except (ValueError, OSError) as exc:
+        print(f"ember bench: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _add_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="bench_command", required=True)
+    serve = commands.add_parser(
+        "serve", help="load an OpenAI-compatible /v1/completions endpoint with streamed requests"
+    )
+    _add_workload_arguments(serve, "words")
+    serve.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (a trailing /v1 is accepted)")
+    serve.add_argument("--model", help="model name to send (default: the first id GET /v1/models lists)")
+    serve.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    serve.add_argument("--concurrency", type=int, metavar="C", help="most requests in flight at once (default: no cap)")
+    serve.add_argument("--request-rate", type=float, metavar="R",
+                       help="Poisson arrivals at this many requests/s (default: all requests at once)")
+    serve.add_argument("--ignore-eos", action="store_true",
+                       help="send ignore_eos: true so each request runs to max_tokens")
+    serve.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                       help="seconds before one request counts as failed")
+    serve.add_argument("--goodput", nargs="+", metavar="METRIC:MS", default=[],
+                       help="SLOs for goodput, any of ttft:MS tpot:MS e2e:MS")
+    serve.add_argument("--output-json", metavar="PATH", help="write the configuration and every number here")
+    serve.set_defaults(bench_handler=_serve)
+
+    offline = commands.add_parser("offline", help="the in-process engine across batching, admission and dtype settings")
+    _add_workload_arguments(offline, "words, or token ids when the model has no tokenizer")
+    defaults = EngineConfig()
+    offline.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
+    offline.add_argument("--compare", default="batching,admission,dtype", metavar="AXES",
+                         help="comma-separated axes, each run against the baseline with only that axis switched: "
+                              "batching, admission, dtype ('' for the baseline alone)")
+    offline.add_argument("--concurrency", default="1,4,16", metavar="C1,C2,...",
+                         help="comma-separated max_num_seqs (batch sizes) to sweep")
+    offline.add_argument("--batching", choices=["continuous", "static"], default=defaults.batching, help="baseline")
+    offline.add_argument("--admission", choices=["preempt", "reserve"], default=defaults.admission, help="baseline")
+    offline.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="baseline")
+    offline.add_argument("--device", help="cuda, mps or cpu (default: detected)")
+    offline.add_argument("--block-size", type=int, default=defaults.block_size)
+    offline.add_argument("--num-blocks", type=int, help="KV pool size in blocks (overrides --kv-cache-mib)")
+    offline.add_argument("--kv-cache-mib", type=float, default=defaults.kv_cache_mib)
+    offline.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    offline.add_argument("--max-model-len", type=int)
+    offline.add_argument("--transformers", action="store_true",
+                         help="add a transformers static-batch generate baseline, measured in the same run")
+    offline.add_argument("--output-json", metavar="PATH", help="write the configuration and every run here")
+    offline.add_argument("--plot", metavar="PATH", help="write a PNG of throughput and latency against concurrency")
+    offline.set_defaults(bench_handler=_offline)
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser, random_kind: str) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workload", metavar="PATH", help="JSON list of {prompt, max_tokens} (other keys ignored)")
+    source.add_argument("--random-prompts", type=int, metavar="N", help=f"N random prompts of {random_kind}")
+    parser.add_argument("--random-input-len", type=int, default=64, metavar="L", help="length of each random prompt")
+    parser.add_argument("--random-output-len", type=int, default=64, metavar="M",
+                        help="max_tokens of each random prompt")
+    parser.add_argument("--num-prompts", type=int, metavar="N",
+                        help="use this many requests, cycling through the workload if needed")
+    parser.add_argument("--seed", type=int, default=0, help="for random prompts and Poisson arrivals")
+
+
+def _source(args: argparse.Namespace) -> list[BenchRequest] | RandomPrompts:
+    if args.workload is not None:
+        return load_workload(args.workload)
+    return RandomPrompts(args.random_prompts, args.random_input_len, args.random_output_len, args.seed)
+
+
+def _source_description(args: argparse.Namespace) -> dict[str, Any]:
+    if args.workload is not None:
+        return {"workload": args.workload}
+    return {"random_prompts": dataclasses.asdict(_source(args))}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ember_bench.report import serve_table, write_json
+    from ember_bench.serve import ServeConfig, run_serve
+    from ember_bench.stats import parse_slos
+
+    config = ServeConfig(
+        base_url=args.base_url, model=args.model, api_key=args.api_key, concurrency=args.concurrency,
+        request_rate=args.request_rate, ignore_eos=args.ignore_eos, timeout_s=args.timeout, seed=args.seed,
+        slos=parse_slos(args.goodput),
+    )
+    source = _source(args)
+    requests = take(source.words() if isinstance(source, RandomPrompts) else source, args.num_prompts)
+    run = asyncio.run(run_serve(config, requests))
+    print(serve_table(run.model, run.metrics, config.slos))
+    if args.output_json:
+        settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "api_key"}
+        write_json(args.output_json, {
+            "benchmark": "serve", "timestamp": _now(), **_source_description(args), "num_requests": len(requests),
+            "config": {**settings, "model": run.model}, "metrics": run.metrics,
+        })
+    return 0 if run.metrics.completed else 1
+
+
+def _offline(args: argparse.Namespace) -> int:
+    from ember_bench.offline import (
+        EngineSetting, OfflineConfig, OfflineRun, environment, run_offline, settings_to_compare,
+    )
+    from ember_bench.report import OFFLINE_HEADER, offline_row, offline_table, write_json
+
+    config = OfflineConfig(
+        model=args.model,
+        settings=settings_to_compare(EngineSetting(args.batching, args.admission, args.dtype), _names(args.compare)),
+        concurrencies=_ints(args.concurrency, "--concurrency"),
+        engine_kwargs={name: getattr(args, name) for name in ENGINE_FLAGS},
+        transformers=args.transformers,
+        num_prompts=args.num_prompts,
+    )
+    runs: list[OfflineRun] = []
+    print(OFFLINE_HEADER, file=sys.stderr)
+    try:
+        for run in run_offline(config, _source(args)):
+            runs.append(run)
+            print(offline_row(run), file=sys.stderr, flush=True)
+    finally:
+        # A long sweep that fails or is interrupted late still leaves the runs it finished.
+        if runs and args.output_json:
+            write_json(args.output_json, {
+                "benchmark": "offline", "timestamp": _now(), **_source_description(args), "config": config,
+                "environment": environment(), "runs": [{"name": run.name, **dataclasses.asdict(run)} for run in runs],
+            })
+        if runs and args.plot:
+            from ember_bench.plot import plot_offline
+
+            plot_offline(runs, args.plot, f"ember bench offline: {args.model}")
+    print(offline_table(runs))
+    return 0
+
+
+def _names(spec: str) -> list[str]:
+    return [name.strip() for name in spec.split(",") if name.strip()]
+
+
+def _ints(spec: str, flag: str) -> list[int]:
+    try:
+        return [int(value) for value in _names(spec)]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {spec!r}") from None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

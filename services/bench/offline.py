@@ -1,0 +1,200 @@
+"""`ember bench offline`: the in-process engine on one workload, every request submitted at once,
+across engine settings and max_num_seqs values; optionally a transformers baseline in the same run."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ember_core.config import Admission, Batching, EngineConfig
+from ember_core.core.engine import Engine
+from ember_core.device import resolve_device, resolve_dtype
+from ember_core.loaders import LoadedModel, load_model
+from ember_core.sampling_params import SamplingParams
+from ember_core.tokenizer import Tokenizer
+
+from ember_bench.stats import Distribution
+from ember_bench.workload import BenchRequest, RandomPrompts, take
+
+COMPARE_AXES: dict[str, tuple[str, str]] = {
+    "batching": ("continuous", "static"),
+    "admission": ("preempt", "reserve"),
+    "dtype": ("float32", "bfloat16"),
+}
+WARMUP_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class EngineSetting:
+    batching: Batching = "continuous"
+    admission: Admission = "preempt"
+    dtype: str = "float32"
+
+    @property
+    def label(self) -> str:
+        return f"{self.batching}/{self.admission}/{self.dtype}"
+
+
+def settings_to_compare(baseline: EngineSetting, compare: list[str]) -> list[EngineSetting]:
+    """The baseline, then per compared axis the baseline with only that axis switched."""
+    unknown = [axis for axis in compare if axis not in COMPARE_AXES]
+    if unknown:
+        raise ValueError(f"unknown --compare key {unknown[0]!r}; choose from {', '.join(COMPARE_AXES)}")
+    settings = [baseline]
+    for axis in dict.fromkeys(compare):
+        first, second = COMPARE_AXES[axis]
+        settings.append(replace(baseline, **{axis: second if getattr(baseline, axis) == first else first}))
+    return settings
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    model: str
+    settings: list[EngineSetting]
+    concurrencies: list[int]
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # block_size, num_blocks, kv_cache_mib, ...
+    transformers: bool = False
+    num_prompts: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.concurrencies or min(self.concurrencies) < 1:
+            raise ValueError(f"--concurrency needs integers >= 1, got {self.concurrencies}")
+        if self.transformers and importlib.util.find_spec("transformers") is None:
+            raise ValueError("--transformers needs the transformers package (pip install transformers)")
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    system: str  # "ember" or "transformers"
+    setting: EngineSetting
+    concurrency: int
+    num_requests: int
+    output_tokens: int  # useful tokens only: what the requests asked for
+    duration_s: float
+    output_throughput: float
+    request_throughput: float
+    latency_ms: Distribution  # completion time of each request, from the start of the batch
+    num_preemptions: int | None
+
+    @property
+    def name(self) -> str:
+        if self.system == "transformers":
+            return f"transformers static/{self.setting.dtype}"
+        return f"ember {self.setting.label}"
+
+
+def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompts) -> Iterator[OfflineRun]:
+    """Yield each run as it finishes: per setting (models loaded once per dtype) and concurrency."""
+    device = resolve_device(config.engine_kwargs.get("device"))
+    loaded_by_dtype: dict[str, LoadedModel] = {}
+
+    def loaded(dtype: str) -> LoadedModel:
+        if dtype not in loaded_by_dtype:
+            loaded_by_dtype[dtype] = load_model(config.model, device, resolve_dtype(dtype, device))
+        return loaded_by_dtype[dtype]
+
+    first = loaded(config.settings[0].dtype)
+    requests = take(_requests(source, first), config.num_prompts)
+    prompts = [_token_ids(r.prompt, first.tokenizer) for r in requests]
+    max_tokens = [r.max_tokens for r in requests]
+    for setting in config.settings:
+        for concurrency in config.concurrencies:
+            yield _run_ember(loaded(setting.dtype), config, setting, concurrency, prompts, max_tokens)
+    if config.transformers:
+        from ember_bench.hf_baseline import run_transformers
+
+        for dtype in dict.fromkeys(s.dtype for s in config.settings):
+            yield from run_transformers(config.model, dtype, device, config.concurrencies, prompts, max_tokens)
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers depend on besides the configuration."""
+    return {
+        "torch": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+        # Other processes on the machine skew every number; a load well above zero says to rerun.
+        "load_average_1m": os.getloadavg()[0],
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+    }
+
+
+def _requests(source: list[BenchRequest] | RandomPrompts, loaded: LoadedModel) -> list[BenchRequest]:
+    if isinstance(source, RandomPrompts):
+        return source.words() if loaded.tokenizer is not None else source.token_ids(loaded.vocab_size)
+    return source
+
+
+def _token_ids(prompt: str | list[int], tokenizer: Tokenizer | None) -> list[int]:
+    if isinstance(prompt, list):
+        return prompt
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer files: use --random-prompts or a workload of token-id prompts")
+    return tokenizer.encode_prompt(prompt)
+
+
+def _run_ember(
+    loaded: LoadedModel, config: OfflineConfig, setting: EngineSetting, concurrency: int,
+    prompts: list[list[int]], max_tokens: list[int],
+) -> OfflineRun:
+    engine_config = EngineConfig(
+        model=config.model, max_num_seqs=concurrency, batching=setting.batching, admission=setting.admission,
+        dtype=setting.dtype, **config.engine_kwargs,
+    )
+    engine = Engine(engine_config, loaded)
+    _drain(engine, {"warmup": (prompts[0], SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0))})
+    batch = {
+        f"bench-{i}": (ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        for i, (ids, n) in enumerate(zip(prompts, max_tokens))
+    }
+    preemptions_before = engine.stats().num_preemptions
+    start = time.perf_counter()
+    latencies, output_tokens = _drain(engine, batch)
+    duration_s = time.perf_counter() - start
+    return offline_run(
+        "ember", setting, concurrency, latencies, output_tokens, duration_s,
+        engine.stats().num_preemptions - preemptions_before,
+    )
+
+
+def _drain(engine: Engine, batch: dict[str, tuple[list[int], SamplingParams]]) -> tuple[list[float], int]:
+    """Submit every request, step until all finish; each request's completion time and the token count."""
+    start = time.perf_counter()
+    for request_id, (prompt_ids, params) in batch.items():
+        engine.add_request(request_id, prompt_ids, params)
+    latencies: list[float] = []
+    output_tokens = 0
+    while engine.has_unfinished():
+        for delta in engine.step():
+            output_tokens += len(delta.new_token_ids)
+            if delta.finish_reason is not None:
+                latencies.append(time.perf_counter() - start)
+    return latencies, output_tokens
+
+
+def offline_run(
+    system: str, setting: EngineSetting, concurrency: int, latencies: list[float], output_tokens: int,
+    duration_s: float, num_preemptions: int | None,
+) -> OfflineRun:
+    latency_ms = Distribution.of(latencies, 1e3)
+    assert latency_ms is not None, "a run has at least one request"
+    return OfflineRun(
+        system=system,
+        setting=setting,
+        concurrency=concurrency,
+        num_requests=len(latencies),
+        output_tokens=output_tokens,
+        duration_s=duration_s,
+        output_throughput=output_tokens / duration_s,
+        request_throughput=len(latencies) / duration_s,
+        latency_ms=latency_ms,
+        num_preemptions=num_preemptions,
+    )

@@ -1,0 +1,58 @@
+"""`bench offline` on a tiny random GPT-2 (token-id prompts: it has no tokenizer files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember_bench.offline import EngineSetting, settings_to_compare
+from tests.bench.helpers import read_json, run_bench_cli
+
+TINY_RUN = ("--random-prompts", "3", "--random-input-len", "5", "--random-output-len", "4",
+            "--device", "cpu", "--block-size", "4", "--num-blocks", "64")
+
+
+def test_two_settings_two_concurrencies_and_the_transformers_baseline(gpt2_dir: Path, tmp_path: Path) -> None:
+    out, png = tmp_path / "offline.json", tmp_path / "offline.png"
+    code = run_bench_cli("offline", "--model", str(gpt2_dir), *TINY_RUN, "--compare", "batching",
+                         "--concurrency", "1,2", "--transformers", "--output-json", str(out), "--plot", str(png))
+    assert code == 0
+    result = read_json(out)
+    runs = result["runs"]
+    assert [(run["name"], run["concurrency"]) for run in runs] == [
+        ("ember continuous/preempt/float32", 1), ("ember continuous/preempt/float32", 2),
+        ("ember static/preempt/float32", 1), ("ember static/preempt/float32", 2),
+        ("transformers static/float32", 1), ("transformers static/float32", 2),
+    ]
+    for run in runs:
+        assert run["num_requests"] == 3 and run["output_tokens"] == 3 * 4
+        assert run["output_throughput"] > 0 and run["request_throughput"] > 0 and run["duration_s"] > 0
+        latency = run["latency_ms"]
+        assert 0 < latency["median"] <= latency["p99"] <= run["duration_s"] * 1e3
+    assert result["environment"]["torch_num_threads"] >= 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_text_prompts_need_a_tokenizer(gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    workload = tmp_path / "workload.json"
+    workload.write_text('[{"prompt": "hello there", "max_tokens": 2}]')
+    code = run_bench_cli("offline", "--model", str(gpt2_dir), "--workload", str(workload), "--device", "cpu",
+                         "--compare", "", "--concurrency", "1")
+    assert code == 2
+    assert "no tokenizer files" in capsys.readouterr().err
+
+
+def test_each_compared_axis_is_switched_alone() -> None:
+    baseline = EngineSetting("continuous", "preempt", "float32")
+    assert settings_to_compare(baseline, ["dtype", "batching", "dtype"]) == [
+        baseline, EngineSetting("continuous", "preempt", "bfloat16"), EngineSetting("static", "preempt", "float32"),
+    ]
+    switched = settings_to_compare(EngineSetting("static", "reserve", "bfloat16"), ["batching", "admission", "dtype"])
+    assert switched[1:] == [
+        EngineSetting("continuous", "reserve", "bfloat16"),
+        EngineSetting("static", "preempt", "bfloat16"),
+        EngineSetting("static", "reserve", "float32"),
+    ]
+    with pytest.raises(ValueError, match="unknown --compare key 'speed'"):
+        settings_to_compare(baseline, ["speed"])
