@@ -123,6 +123,9 @@ class EngineWorker:
 
     def _handle(self, identity: bytes, message: Hello | Generate | Abort) -> None:
         if isinstance(message, Hello):
+            if self.draining_since is not None:
+                self._send(identity, Rejected("", RejectCode.UNAVAILABLE, "the engine is shutting down"))
+                return
             if message.protocol_version != PROTOCOL_VERSION:
                 self._send(identity, Rejected("", RejectCode.INVALID_REQUEST,
                                               f"protocol version {message.protocol_version} is not {PROTOCOL_VERSION}"))

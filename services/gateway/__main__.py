@@ -1,0 +1,3 @@
+from ember_gateway.cli import main
+
+main()

@@ -1,0 +1,131 @@
+"""The aiohttp application: routes, middlewares, and the engine client's lifetime."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ember_gateway.chat import create_chat_completion
+from ember_gateway.completions import create_completion
+from ember_gateway.config import GatewayConfig
+from ember_gateway.engine_client import EngineClient
+from ember_gateway.errors import ApiError, from_http_exception, internal_error
+from ember_gateway.metrics import GatewayMetrics
+from ember_gateway.respond import json_response
+from ember_gateway.state import STATE, GatewayState
+
+logger = logging.getLogger(__name__)
+
+_OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers need no API key
+
+
+def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web.Application:
+    client = client or EngineClient(
+        config.engine_address, model_name=config.model_name, watchdog_s=config.engine_timeout
+    )
+    app = web.Application(
+        middlewares=[_errors_middleware, _auth_middleware(config.api_key)], client_max_size=config.max_body_bytes
+    )
+    app[STATE] = GatewayState(config, client, GatewayMetrics(client.engine_snapshot))
+    app.add_routes(
+        [
+            web.post("/v1/completions", create_completion),
+            web.post("/v1/chat/completions", create_chat_completion),
+            web.get("/v1/models", list_models),
+            web.get("/v1/models/{model:.+}", get_model),
+            web.get("/health", health),
+            web.get("/metrics", metrics),
+        ]
+    )
+    app.on_startup.append(_start_client)
+    app.on_cleanup.append(_close_client)
+    return app
+
+
+async def start_runner(app: web.Application, shutdown_timeout: float = 10.0) -> web.AppRunner:
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away cancels its handler, which aborts its requests
+        shutdown_timeout=shutdown_timeout,
+        access_log=None,
+    )
+    await runner.setup()
+    return runner
+
+
+async def _start_client(app: web.Application) -> None:
+    await app[STATE].client.start()
+
+
+async def _close_client(app: web.Application) -> None:
+    await app[STATE].client.close()
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return exc.response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return from_http_exception(exc, request).response()
+    except ConnectionResetError:
+        raise  # the client is gone; nothing to answer
+    except Exception:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return internal_error().response()
+
+
+def _auth_middleware(api_key: str | None) -> web.Middleware:
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
+    @web.middleware
+    async def check_api_key(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        if expected is not None and request.path not in _OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise ApiError(
+                    401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key"
+                )
+        return await handler(request)
+
+    return check_api_key
+
+
+def _model_entry(state: GatewayState) -> dict[str, Any]:
+    model = state.require_model()
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": model.card.created,
+        "owned_by": "ember",
+        "max_model_len": model.card.max_model_len,
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [_model_entry(request.app[STATE])]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    entry = _model_entry(request.app[STATE])
+    name = request.match_info["model"]
+    if name != entry["id"]:
+        raise ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+    return json_response(entry)
+
+
+async def health(request: web.Request) -> web.Response:
+    model = request.app[STATE].require_model()
+    return json_response({"status": "ok", "engine_id": model.engine_id, "model": model.name})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

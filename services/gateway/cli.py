@@ -1,0 +1,106 @@
+"""`ember-gateway`: serve the OpenAI-compatible HTTP API in front of one engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from ember_gateway.app import create_app, start_runner
+from ember_gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
+
+logger = logging.getLogger("ember_gateway")
+
+# In-flight requests get this long to finish after SIGTERM before their connections are closed.
+SHUTDOWN_GRACE_S = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for an ember engine")
+    parser.add_argument(
+        "--engine", default=env("EMBER_ENGINE", "tcp://127.0.0.1:5555"), help="engine address, tcp://HOST:PORT or ipc://PATH (EMBER_ENGINE)"
+    )
+    parser.add_argument("--host", default=env("EMBER_HOST", "127.0.0.1"), help="(EMBER_HOST)")
+    parser.add_argument("--port", type=int, default=env("EMBER_PORT", "8000"), help="0 picks a free port (EMBER_PORT)")
+    parser.add_argument(
+        "--api-key", default=env("EMBER_API_KEY"), help="require `Authorization: Bearer KEY` on /v1 (EMBER_API_KEY)"
+    )
+    parser.add_argument(
+        "--max-pending", type=int, default=env("EMBER_MAX_PENDING", "256"),
+        help="engine requests (prompts x n) in flight before answering 429 (EMBER_MAX_PENDING)",
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=env("EMBER_REQUEST_TIMEOUT"),
+        help="seconds a request may take before it is aborted; default none (EMBER_REQUEST_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=env("EMBER_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)),
+        help="larger request bodies get 413 (EMBER_MAX_BODY_BYTES)",
+    )
+    parser.add_argument(
+        "--model-name", default=env("EMBER_MODEL_NAME"),
+        help="served model name; default the engine's model id (EMBER_MODEL_NAME)",
+    )
+    parser.add_argument(
+        "--engine-timeout", type=float, default=env("EMBER_ENGINE_TIMEOUT", "30"),
+        help="seconds of engine silence before it counts as gone; must exceed the longest engine step (EMBER_ENGINE_TIMEOUT)",
+    )
+    parser.add_argument("--log-level", default=env("EMBER_LOG_LEVEL", "INFO"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    return GatewayConfig(
+        engine_address=args.engine,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        max_pending=args.max_pending,
+        request_timeout=args.request_timeout,
+        max_body_bytes=args.max_body_bytes,
+        model_name=args.model_name or None,
+        engine_timeout=args.engine_timeout,
+    )
+
+
+async def serve(config: GatewayConfig) -> None:
+    runner = await start_runner(create_app(config), shutdown_timeout=SHUTDOWN_GRACE_S)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        for address in runner.addresses:
+            logger.info("listening on http://%s:%d (engine %s)", address[0], address[1], config.engine_address)
+        await stop.wait()
+        logger.info("shutting down")
+    finally:
+        # Stops listening, lets in-flight requests finish, then closes the engine socket and the
+        # zmq context (app cleanup).
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:  # e.g. the port is taken
+        sys.exit(f"ember-gateway: error: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from ember_core.tokenizer import Tokenizer
+from ember_gateway.engine_client import ServedModel
+from ember_gateway.errors import ApiError
+from ember_gateway.generation import ChoiceUpdate, TokenLogprob
+from ember_gateway.logprobs import TextOffsets, completion_logprobs
+from ember_gateway.plans import build_plans, stop_strings
+from ember_gateway.respond import ChoiceResult, accept, respond
+from ember_gateway.schemas import CompletionRequest
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+Prompt = str | list[int]
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    arrived_at = time.monotonic()
+    state, model, body = await accept(request, CompletionRequest)
+    prompts = _prompts(body.prompt)
+    prompt_ids = [_tokenize(prompt, model.tokenizer) for prompt in prompts]
+    plans = build_plans(
+        body,
+        model,
+        prompt_ids,
+        max_tokens=DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+        logprobs=body.logprobs,
+        prompt_param="prompt",
+    )
+    n = body.n or 1
+    echo_texts = [_echo_text(prompt, model) if body.echo else "" for prompt in prompts for _ in range(n)]
+    return await respond(
+        request,
+        state,
+        model,
+        CompletionFormat(model.tokenizer, echo_texts, body.logprobs is not None, body.return_token_ids),
+        request_id=f"cmpl-{uuid.uuid4().hex}",
+        arrived_at=arrived_at,
+        plans=plans,
+        stop_strings=stop_strings(body, model),
+        stream=bool(body.stream),
+        include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+        prompt_tokens=sum(map(len, prompt_ids)),
+    )
+
+
+def _prompts(prompt: str | list[str | int | list[int]]) -> list[Prompt]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(item, str) for item in prompt):
+        return prompt  # type: ignore[return-value]
+    if prompt and all(isinstance(item, int) for item in prompt):
+        return [prompt]  # type: ignore[list-item]
+    if prompt and all(isinstance(item, list) for item in prompt):
+        return prompt  # type: ignore[return-value]
+    raise ApiError(
+        400,
+        "prompt must be a non-empty string, list of strings, list of token ids, or list of token-id lists",
+        param="prompt",
+    )
+
+
+def _tokenize(prompt: Prompt, tokenizer: Tokenizer | None) -> list[int]:
+    if not isinstance(prompt, str):
+        return prompt
+    if tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", param="prompt")
+    # As Hugging Face tokenizers do, special tokens written in the prompt count as such.
+    token_ids = tokenizer.encode(prompt, allow_special=True)
+    bos = tokenizer.bos_token_id
+    if tokenizer.add_bos_token and bos is not None and token_ids[:1] != [bos]:
+        token_ids.insert(0, bos)
+    return token_ids
+
+
+def _echo_text(prompt: Prompt, model: ServedModel) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return "" if model.tokenizer is None else model.tokenizer.decode(prompt)
+
+
+class CompletionFormat:
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def __init__(
+        self, tokenizer: Tokenizer | None, echo_texts: list[str], logprobs: bool, return_token_ids: bool
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._logprobs = logprobs
+        self._return_token_ids = return_token_ids
+        self._echo_texts = echo_texts
+        self._unsent_echo = list(echo_texts)  # a stream sends a choice's echo with its first chunk
+        self._offsets = [TextOffsets(tokenizer, len(echo)) for echo in echo_texts]
+
+    def stream_start(self, index: int) -> dict[str, Any] | None:
+        return None
+
+    def stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
+        index = update.index
+        echo = self._unsent_echo[index]
+        if not (echo or update.finish_reason or update.has_content(self._logprobs, self._return_token_ids)):
+            return []
+        self._unsent_echo[index] = ""
+        return [self._choice(index, echo + update.text, update.logprobs, update.token_ids, update.finish_reason)]
+
+    def final_choice(self, result: ChoiceResult) -> dict[str, Any]:
+        text = self._echo_texts[result.index] + result.text
+        return self._choice(result.index, text, result.logprobs, result.token_ids, result.finish_reason)
+
+    def _choice(
+        self, index: int, text: str, logprobs: list[TokenLogprob], token_ids: list[int], finish_reason: str | None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        if self._logprobs:
+            choice["logprobs"] = completion_logprobs(self._tokenizer, logprobs, self._offsets[index])
+        if self._return_token_ids:
+            choice["token_ids"] = token_ids
+        return choice

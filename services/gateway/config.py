@@ -1,0 +1,42 @@
+"""Gateway settings: one frozen dataclass, validated once; the CLI and env vars map onto it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    engine_address: str  # the engine's ROUTER: tcp://HOST:PORT or ipc://PATH
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    # Engine requests (prompts x n) this gateway keeps in flight before answering 429.
+    max_pending: int = 256
+    request_timeout: float | None = None  # seconds from arrival; None: no limit
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    model_name: str | None = None  # served model name; None: the engine's model id
+    # Silence after which a connected engine counts as gone. The engine heartbeats between steps,
+    # so this must exceed the longest step (a big prefill on CPU); a killed engine is noticed at
+    # once through the socket's disconnect event instead.
+    engine_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.engine_address.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"engine address must be tcp://HOST:PORT or ipc://PATH, got {self.engine_address!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
+        if self.engine_timeout <= 0:
+            raise ValueError(f"engine_timeout must be > 0, got {self.engine_timeout}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.api_key == "":
+            raise ValueError("api_key must not be empty (leave it unset to disable auth)")
+        if self.model_name == "":
+            raise ValueError("model_name must not be empty")

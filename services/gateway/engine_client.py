@@ -1,0 +1,323 @@
+"""The gateway's one connection to the engine: a zmq DEALER, liveness, and per-request routing.
+
+Every engine request of an HTTP request shares one asyncio.Queue; each StepOutputs is fanned out
+to those queues in O(deltas). Anything that makes the engine unusable (disconnect, silence, a new
+engine id) fails every request in flight with an EngineFailure, so no handler waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from ember_core.tokenizer import Tokenizer, TokenizerSpec
+from ember_gateway.errors import engine_unavailable
+from ember_proto import (
+    PROTOCOL_VERSION,
+    Abort,
+    EngineStats,
+    Generate,
+    Heartbeat,
+    Hello,
+    ModelCard,
+    Ready,
+    Rejected,
+    RequestDelta,
+    StepOutputs,
+    decode_engine_message,
+    encode,
+    make_socket,
+)
+
+logger = logging.getLogger(__name__)
+
+HELLO_INTERVAL_S = 0.5
+WATCHDOG_S = 30.0  # see GatewayConfig.engine_timeout
+# A Hello the engine has not answered is re-sent this rarely, so a stalled engine does not find
+# a pile of Hellos (each answered with the whole tokenizer) when it resumes.
+UNANSWERED_HELLO_RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str  # what clients put in `model`
+    engine_id: str
+    card: ModelCard
+    tokenizer: Tokenizer | None  # None: the model has no tokenizer; only token-id prompts work
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    status: int  # the HTTP status the client gets
+    message: str
+
+
+class Output(NamedTuple):
+    index: int  # position of the engine request in its submission
+    item: RequestDelta | EngineFailure
+    step_started_at: float  # time.monotonic() when the gateway received the engine's previous message
+
+
+class _Route(NamedTuple):
+    queue: asyncio.Queue[Output]
+    index: int
+
+
+class EngineClient:
+    def __init__(
+        self,
+        address: str,
+        *,
+        model_name: str | None = None,
+        gateway_id: str | None = None,
+        watchdog_s: float = WATCHDOG_S,
+    ) -> None:
+        self.address = address
+        self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
+        self.model: ServedModel | None = None
+        self.stats: EngineStats | None = None
+        self.ready = False
+        self._model_name = model_name
+        self._watchdog_s = watchdog_s
+        self._routes: dict[str, _Route] = {}
+        self._connected = False
+        self._connection_epoch = 0  # bumped whenever the engine is lost; stale Ready handling checks it
+        self._last_message_at = time.monotonic()
+        self._last_hello_at = 0.0
+        self._last_rejection = ""
+        self._tokenizer_source: bytes | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._routes)
+
+    async def start(self) -> None:
+        self._context = zmq.asyncio.Context()
+        self._socket = make_socket(
+            self._context, zmq.DEALER, self.address, bind=False, identity=self.gateway_id.encode()
+        )
+        monitor_address = f"inproc://ember-gateway-monitor-{self.gateway_id}"
+        self._socket.monitor(monitor_address, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self._monitor = make_socket(self._context, zmq.PAIR, monitor_address, bind=False)
+        # The handshake may finish before the monitor is attached and go unreported: this Hello,
+        # queued until the connection is up, gets an answer either way.
+        self._send_hello()
+        self._tasks = [
+            asyncio.create_task(_forever(loop), name=loop.__name__)
+            for loop in (self._receive_loop, self._monitor_loop, self._tick_loop)
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_all("the gateway is shutting down")
+        if self._socket is not None:
+            self._socket.disable_monitor()
+        for socket in (self._monitor, self._socket):
+            if socket is not None:
+                socket.close()
+        if self._context is not None:
+            self._context.term()
+
+    def submit(self, generates: list[Generate]) -> asyncio.Queue[Output]:
+        """Send the engine requests; their outputs arrive on the returned queue, tagged with their
+        index in generates. Raises ApiError 503 when the engine cannot take them."""
+        if not self.ready:
+            raise engine_unavailable()
+        queue: asyncio.Queue[Output] = asyncio.Queue()
+        for index, generate in enumerate(generates):
+            if not self._send(generate):
+                self.release([g.request_id for g in generates[:index]])
+                raise engine_unavailable("the engine is not accepting requests right now")
+            self._routes[generate.request_id] = _Route(queue, index)
+        return queue
+
+    def release(self, request_ids: list[str]) -> None:
+        """Stop routing these requests; the ones the engine has not finished are aborted."""
+        unfinished = [request_id for request_id in request_ids if self._routes.pop(request_id, None) is not None]
+        if unfinished:
+            self._send(Abort(unfinished))
+
+    def engine_snapshot(self) -> tuple[str, EngineStats] | None:
+        if self.model is None or self.stats is None:
+            return None
+        return self.model.name, self.stats
+
+    def _send(self, message: Hello | Generate | Abort) -> bool:
+        """Send without waiting (so an Abort leaves in the caller's event-loop turn); False if zmq
+        could not queue it."""
+        assert self._socket is not None
+        # Never awaited: with DONTWAIT and no send ever left pending, the future is already done.
+        sent = self._socket.send(encode(message), zmq.DONTWAIT)
+        if sent.done() and sent.exception() is not None:
+            logger.warning("could not send %s to the engine: %s", type(message).__name__, sent.exception())
+            return False
+        return True
+
+    def _send_hello(self) -> None:
+        self._last_hello_at = time.monotonic()
+        self._send(Hello(PROTOCOL_VERSION, self.gateway_id))
+
+    async def _receive_loop(self) -> None:
+        assert self._socket is not None
+        while True:
+            frames = await self._socket.recv_multipart()
+            try:
+                message = decode_engine_message(frames[-1])
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                logger.warning("dropping a malformed message from the engine: %s", exc)
+                continue
+            step_started_at, self._last_message_at = self._last_message_at, time.monotonic()
+            # Also covers a handshake that finished before the monitor was attached.
+            self._connected = True
+            try:
+                if isinstance(message, StepOutputs):
+                    self._on_step_outputs(message, step_started_at)
+                elif isinstance(message, Heartbeat):
+                    self._on_heartbeat(message)
+                elif isinstance(message, Ready):
+                    await self._on_ready(message)
+                else:
+                    self._on_rejected(message)
+            except Exception:
+                logger.exception("failed to handle a %s from the engine", type(message).__name__)
+
+    def _on_step_outputs(self, message: StepOutputs, step_started_at: float) -> None:
+        self.stats = message.stats
+        routes = self._routes
+        for delta in message.outputs:
+            route = routes.get(delta.request_id)
+            if route is None:
+                continue  # finished, aborted or failed here already
+            if delta.finish_reason is not None:
+                del routes[delta.request_id]
+            route.queue.put_nowait(Output(route.index, delta, step_started_at))
+
+    def _on_heartbeat(self, message: Heartbeat) -> None:
+        self.stats = message.stats
+        if self.model is not None and message.engine_id != self.model.engine_id:
+            self._lost("the engine restarted")
+
+    async def _on_ready(self, message: Ready) -> None:
+        if message.protocol_version != PROTOCOL_VERSION:
+            self._log_rejection(f"engine speaks protocol {message.protocol_version}, this gateway {PROTOCOL_VERSION}")
+            return
+        if self.model is not None and message.engine_id != self.model.engine_id:
+            self._lost("the engine restarted")
+        elif self.ready:
+            return  # an answer to an extra Hello
+        epoch = self._connection_epoch
+        tokenizer = await self._tokenizer_for(message.model.tokenizer_spec)
+        if epoch != self._connection_epoch:
+            return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
+        name = self._model_name or message.model.model_id
+        self.model = ServedModel(name, message.engine_id, message.model, tokenizer)
+        self.ready = True
+        self._last_rejection = ""
+        logger.info(
+            "engine %s ready: model %s (served as %s), max_model_len %d, %s",
+            message.engine_id, message.model.model_id, self.model.name, message.model.max_model_len,
+            "with a tokenizer" if tokenizer is not None else "token ids only (no tokenizer)",
+        )
+
+    def _on_rejected(self, message: Rejected) -> None:
+        code = int(message.code)
+        if not message.request_id:
+            self._log_rejection(f"the engine rejected this gateway ({code}): {message.message}")
+            self._lost(message.message)
+            return
+        route = self._routes.pop(message.request_id, None)
+        if code == 503:
+            # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
+            self.ready = False
+        if route is not None:
+            status = code if code in (400, 503) else 500
+            route.queue.put_nowait(Output(route.index, EngineFailure(status, message.message), self._last_message_at))
+
+    async def _monitor_loop(self) -> None:
+        assert self._monitor is not None
+        while True:
+            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = True
+                self._send_hello()
+            elif event == zmq.EVENT_DISCONNECTED:
+                self._connected = False
+                self._lost("lost the connection to the engine")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HELLO_INTERVAL_S)
+            now = time.monotonic()
+            if self.ready:
+                if now - self._last_message_at > self._watchdog_s:
+                    self._lost(f"no message from the engine for {self._watchdog_s:g} s")
+            elif self._connected:
+                unanswered = self._last_hello_at > self._last_message_at
+                if not unanswered or now - self._last_hello_at >= UNANSWERED_HELLO_RETRY_S:
+                    self._send_hello()
+
+    def _lost(self, reason: str) -> None:
+        if self.ready:
+            logger.warning("engine unavailable: %s", reason)
+        self.ready = False
+        self._connection_epoch += 1
+        self._fail_all(f"the engine became unavailable ({reason})")
+
+    def _fail_all(self, message: str) -> None:
+        if not self._routes:
+            return
+        routes, self._routes = self._routes, {}
+        # The engine may still be alive (only silent): stop it spending work on these.
+        self._send(Abort(list(routes)))
+        failure = EngineFailure(503, message)
+        for route in routes.values():
+            route.queue.put_nowait(Output(route.index, failure, self._last_message_at))
+
+    def _log_rejection(self, message: str) -> None:
+        if message != self._last_rejection:
+            logger.error("%s; staying not ready", message)
+            self._last_rejection = message
+
+    async def _tokenizer_for(self, spec_bytes: bytes) -> Tokenizer | None:
+        if not spec_bytes:
+            return None
+        if spec_bytes != self._tokenizer_source:
+            try:
+                tokenizer = await asyncio.to_thread(_build_tokenizer, spec_bytes)
+            except Exception:
+                logger.exception("could not build the engine's tokenizer; serving token-id prompts only")
+                tokenizer = None
+            self._tokenizer_source, self._tokenizer = spec_bytes, tokenizer
+        return self._tokenizer
+
+
+async def _forever(loop: Callable[[], Awaitable[None]]) -> None:
+    """Keeps one of the client's loops running: a bug hit by one message must not leave the
+    gateway deaf to the engine."""
+    while True:
+        try:
+            await loop()
+        except Exception:
+            logger.exception("%s failed; restarting it", loop.__name__)
+            await asyncio.sleep(0.1)
+
+
+def _build_tokenizer(spec_bytes: bytes) -> Tokenizer:
+    return Tokenizer.from_spec(msgspec.msgpack.decode(spec_bytes, type=TokenizerSpec))

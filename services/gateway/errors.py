@@ -1,0 +1,55 @@
+"""OpenAI-style errors: one exception type for every client-visible failure, and its JSON body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
+
+
+def engine_unavailable(message: str = "no engine is connected and ready; try again shortly") -> ApiError:
+    return ApiError(503, message, type="service_unavailable_error", code="engine_unavailable")
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, "internal server error", type="server_error", code="internal_error")
+
+
+def from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
+    """The errors aiohttp raises itself (routing, body size) as OpenAI errors."""
+    where = f"{request.method} {request.path}"
+    if exc.status == 404:
+        return ApiError(404, f"no such route: {where}", code="not_found")
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        message = f"method not allowed: {where} (allowed: {allowed})"
+        return ApiError(405, message, code="method_not_allowed", headers={"Allow": allowed})
+    if exc.status == 413:
+        return ApiError(413, exc.text or "request body too large", code="request_too_large")
+    return ApiError(exc.status, exc.reason, type="invalid_request_error" if exc.status < 500 else "server_error")

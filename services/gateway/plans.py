@@ -1,0 +1,89 @@
+"""Validated request fields and tokenized prompts turned into engine requests (one per choice)."""
+
+from __future__ import annotations
+
+from ember_gateway.engine_client import ServedModel
+from ember_gateway.errors import ApiError
+from ember_gateway.generation import ChoicePlan
+from ember_gateway.schemas import GenerationRequest
+from ember_proto import SamplingOptions
+
+_SEED_SPACE = 2**63
+
+
+def stop_strings(body: GenerationRequest, model: ServedModel) -> list[str]:
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if "" in stops:
+        raise ApiError(400, "stop strings must not be empty", param="stop")
+    if stops and model.tokenizer is None:
+        raise ApiError(400, "stop strings need a tokenizer and this model has none; use stop_token_ids", param="stop")
+    return stops
+
+
+def build_plans(
+    body: GenerationRequest,
+    model: ServedModel,
+    prompts: list[list[int]],
+    *,
+    max_tokens: int | None,
+    logprobs: int | None,
+    prompt_param: str,
+) -> list[ChoicePlan]:
+    """Choices in OpenAI's order: prompt by prompt, n choices each. max_tokens None: as many as
+    the context leaves. With a seed, choice i of a prompt gets seed + i, so choices differ and a
+    single prompt's first choice matches the same request with n=1."""
+    vocab_size = model.card.vocab_size
+    stop_token_ids = body.stop_token_ids or []
+    _check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
+    plans: list[ChoicePlan] = []
+    for prompt in prompts:
+        if not prompt:
+            raise ApiError(400, "the prompt must not be empty", param=prompt_param)
+        _check_token_ids(prompt, vocab_size, prompt_param)
+        completion_tokens = _completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param)
+        if body.min_tokens > completion_tokens:
+            message = f"min_tokens ({body.min_tokens}) is larger than max_tokens ({completion_tokens})"
+            raise ApiError(400, message, param="min_tokens")
+        for choice in range(body.n or 1):
+            sampling = SamplingOptions(
+                max_tokens=completion_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=max(body.top_k or 0, 0),
+                seed=None if body.seed is None else (body.seed + choice) % _SEED_SPACE,
+                stop_token_ids=stop_token_ids,
+                ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
+                logprobs=logprobs,
+            )
+            plans.append(ChoicePlan(prompt, sampling))
+    return plans
+
+
+def _check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
+    bad = next((token_id for token_id in token_ids if not 0 <= token_id < vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=param)
+
+
+def _completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len: int, prompt_param: str) -> int:
+    if max_tokens is None:
+        if prompt_tokens >= max_model_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens, and the prompt has "
+                f"{prompt_tokens} tokens, which leaves no room for a completion.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        return max_model_len - prompt_tokens
+    if prompt_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens

@@ -1,0 +1,91 @@
+"""Request bodies as msgspec Structs: types and ranges are checked while decoding.
+
+Fields OpenAI defines that ember does not implement (penalties, logit_bias, tools, ...) and
+unknown fields are ignored, as SDKs send some of them by default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from ember_gateway.errors import ApiError
+
+MAX_N = 128
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+
+Body = TypeVar("Body", bound=msgspec.Struct)
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`.*")
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class GenerationRequest(msgspec.Struct, kw_only=True):
+    """Fields shared by completions and chat completions; None means "not given"."""
+
+    model: str
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None  # extension; 0 and -1 mean off
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
+    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # extensions
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Meta(ge=0)] = 0
+    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
+
+
+class CompletionRequest(GenerationRequest, kw_only=True):
+    # a string, strings, token ids, or lists of token ids; mixing kinds is rejected after decoding
+    prompt: str | list[str | int | list[int]]
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: bool | None = None
+
+
+class ContentPart(msgspec.Struct):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(GenerationRequest, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+
+
+_DECODERS = {body_type: msgspec.json.Decoder(body_type) for body_type in (CompletionRequest, ChatCompletionRequest)}
+
+
+def decode_body(raw: bytes, body_type: type[Body]) -> Body:
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; expected a JSON object")
+    try:
+        return _DECODERS[body_type].decode(raw)
+    except msgspec.ValidationError as exc:
+        message, _, location = str(exc).partition(" - at `$")
+        location = location.rstrip("`").lstrip(".")
+        if location:
+            message = f"{message} (at `{location}`)"
+        missing = _MISSING_FIELD.fullmatch(message)
+        param = f"{location}.{missing[1]}".lstrip(".") if missing else location
+        raise ApiError(400, f"invalid request: {message}", param=param or None) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None

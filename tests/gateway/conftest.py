@@ -1,0 +1,100 @@
+"""Gateways in the test's event loop, talking to a FakeEngine over real zmq sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from ember_gateway.app import create_app, start_runner
+from ember_gateway.config import GatewayConfig
+from ember_gateway.engine_client import EngineClient
+from tests.gateway.fake_engine import FakeEngine
+from tests.processes import free_port
+
+
+async def wait_until_async(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class Gateway:
+    url: str
+    http: aiohttp.ClientSession
+    client: EngineClient
+
+    async def post(self, path: str, body: Any, **kwargs: Any) -> tuple[int, Any]:
+        async with self.http.post(path, json=body, **kwargs) as response:
+            return response.status, await response.json()
+
+    async def stream(self, path: str, body: Any, **kwargs: Any) -> list[Any]:
+        """The decoded `data:` payloads of an SSE response, [DONE] as the string "[DONE]"."""
+        async with self.http.post(path, json=body, **kwargs) as response:
+            assert response.status == 200, await response.text()
+            assert response.headers["Content-Type"] == "text/event-stream"
+            return parse_sse(await response.text())
+
+
+def parse_sse(text: str) -> list[Any]:
+    events = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+
+
+@pytest.fixture
+async def fake_engine() -> AsyncIterator[FakeEngine]:
+    engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}")
+    await engine.start()
+    yield engine
+    await engine.stop()
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[StartGateway]:
+    """start_gateway(engine, watchdog_s=..., **GatewayConfig fields) -> a Gateway on a free port,
+    ready unless wait_ready=False."""
+    runners: list[web.AppRunner] = []
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True, **config: Any) -> Gateway:
+        gateway_config = GatewayConfig(engine_address=engine.address, port=free_port(), **config)
+        client = EngineClient(engine.address, model_name=gateway_config.model_name, watchdog_s=watchdog_s)
+        runner = await start_runner(create_app(gateway_config, client), shutdown_timeout=1.0)
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", gateway_config.port).start()
+        url = f"http://127.0.0.1:{gateway_config.port}"
+        http = aiohttp.ClientSession(base_url=url)
+        sessions.append(http)
+        if wait_ready:
+            await wait_until_async(lambda: client.ready, 5.0, "the gateway to see the engine ready")
+        return Gateway(url, http, client)
+
+    yield start
+    for http in sessions:
+        await http.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def gateway(fake_engine: FakeEngine, start_gateway: StartGateway) -> Gateway:
+    return await start_gateway(fake_engine)

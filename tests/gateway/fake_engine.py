@@ -1,0 +1,197 @@
+"""A scripted stand-in for the engine worker, speaking the real wire protocol over a real ROUTER.
+
+Every request gets the same reply tokens, one per step; tests steer it (pause, reject, stop,
+restart) to drive the gateway through failures the real engine produces rarely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from ember_core.tokenizer import Tokenizer, TokenizerSpec
+from ember_core.tokenizer.pretokenizers import GPT2
+from ember_proto import (
+    PROTOCOL_VERSION,
+    Abort,
+    EngineStats,
+    Generate,
+    Heartbeat,
+    Hello,
+    ModelCard,
+    Ready,
+    Rejected,
+    RejectCode,
+    RequestDelta,
+    StepOutputs,
+    TokenLogprobs,
+    WireFinishReason,
+    decode_gateway_message,
+    encode,
+    make_socket,
+)
+
+EOS = "<|endoftext|>"
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokenizer_spec(chat_template: str | None = CHATML) -> TokenizerSpec:
+    """One token per byte (ids 0-255) plus ChatML specials: small, and every multi-byte
+    character spans several tokens."""
+    specials = {EOS: 256, "<|im_start|>": 257, "<|im_end|>": 258}
+    return TokenizerSpec(
+        pattern=GPT2,
+        mergeable_ranks={bytes([byte]): byte for byte in range(256)},
+        special_tokens=specials,
+        eos_token_id=256,
+        stop_token_ids=[256, 258],
+        chat_template=chat_template,
+    )
+
+
+@dataclass
+class _Running:
+    gateway: bytes
+    generate: Generate
+    produced: int = 0
+
+
+@dataclass
+class FakeEngine:
+    address: str
+    reply_text: str = "Hello, world! ünïcödé €uro"
+    tokenizer_spec: TokenizerSpec | None = field(default_factory=byte_tokenizer_spec)
+    max_model_len: int = 64
+    vocab_size: int = 300
+    step_interval: float = 0.002
+    heartbeat_interval: float = 0.2
+    protocol_version: int = PROTOCOL_VERSION
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    paused: bool = False  # neither steps nor heartbeats, as a hung engine
+    reject_code: RejectCode | None = None  # answer every Generate with this
+    hellos: int = 0
+    received: list[Generate] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        spec = self.tokenizer_spec
+        self.tokenizer = Tokenizer.from_spec(spec) if spec is not None else None
+        self.reply_ids = self.tokenizer.encode(self.reply_text) if self.tokenizer else list(range(1, 40))
+        self._running: dict[str, _Running] = {}
+        self._gateways: set[bytes] = set()
+        self._step = 0
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    async def start(self) -> None:
+        self._context = zmq.asyncio.Context()
+        self._socket = make_socket(self._context, zmq.ROUTER, self.address, bind=True)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        """Like a killed engine: the socket goes away with everything in flight."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._socket is not None:
+            self._socket.close()
+        if self._context is not None:
+            self._context.term()
+        self._running.clear()
+        self._gateways.clear()
+
+    def restart_in_place(self) -> None:
+        """As if the engine restarted between two messages: a new id, everything in flight
+        forgotten, and a Ready to every gateway (as Hellos would get)."""
+        self.engine_id = uuid.uuid4().hex
+        self._running.clear()
+        for gateway in self._gateways:
+            self._send(gateway, Ready(self.protocol_version, self.engine_id, self.card()))
+
+    def card(self) -> ModelCard:
+        spec = b"" if self.tokenizer_spec is None else msgspec.msgpack.encode(self.tokenizer_spec)
+        return ModelCard("fake-model", self.max_model_len, self.vocab_size, [256], spec, 1700000000)
+
+    async def _run(self) -> None:
+        assert self._socket is not None
+        loop = asyncio.get_running_loop()
+        last_heartbeat = loop.time()
+        while True:
+            timeout_ms = int(self.step_interval * 1000) if self._running else int(self.heartbeat_interval * 1000)
+            if await self._socket.poll(max(timeout_ms, 1)):
+                gateway, payload = await self._socket.recv_multipart()
+                if not self.paused:
+                    self._handle(gateway, decode_gateway_message(payload))
+                continue
+            if self.paused:
+                continue
+            if self._running:
+                self._run_step()
+            elif loop.time() - last_heartbeat >= self.heartbeat_interval:
+                last_heartbeat = loop.time()
+                for gateway in self._gateways:
+                    self._send(gateway, Heartbeat(self.engine_id, self._stats()))
+
+    def _handle(self, gateway: bytes, message: Hello | Generate | Abort) -> None:
+        if isinstance(message, Hello):
+            self.hellos += 1
+            if message.protocol_version != self.protocol_version:
+                self._send(gateway, Rejected("", RejectCode.INVALID_REQUEST, "protocol version mismatch"))
+                return
+            self._gateways.add(gateway)
+            self._send(gateway, Ready(self.protocol_version, self.engine_id, self.card()))
+        elif isinstance(message, Generate):
+            self.received.append(message)
+            if self.reject_code is not None:
+                self._send(gateway, Rejected(message.request_id, self.reject_code, "rejected by the fake engine"))
+            else:
+                self._running[message.request_id] = _Running(gateway, message)
+        else:
+            self.aborted.extend(message.request_ids)
+            for request_id in message.request_ids:
+                self._running.pop(request_id, None)
+
+    def _run_step(self) -> None:
+        self._step += 1
+        by_gateway: dict[bytes, list[RequestDelta]] = {}
+        for request_id, running in list(self._running.items()):
+            sampling = running.generate.sampling
+            token = self.reply_ids[running.produced % len(self.reply_ids)]
+            running.produced += 1
+            finish = None
+            if token in sampling.stop_token_ids:
+                finish = WireFinishReason.STOP
+            elif running.produced >= sampling.max_tokens:
+                finish = WireFinishReason.LENGTH
+            logprobs = []
+            if sampling.logprobs is not None:
+                top = [(token, -0.25), ((token + 1) % self.vocab_size, -1.5)][: sampling.logprobs]
+                logprobs = [TokenLogprobs(-0.25, [t for t, _ in top], [lp for _, lp in top])]
+            delta = RequestDelta(request_id, [token], len(running.generate.prompt_token_ids), logprobs, finish)
+            by_gateway.setdefault(running.gateway, []).append(delta)
+            if finish is not None:
+                del self._running[request_id]
+        for gateway, outputs in by_gateway.items():
+            self._send(gateway, StepOutputs(self._step, outputs, self._stats()))
+
+    def _stats(self) -> EngineStats:
+        return EngineStats(len(self._running), 0, 2 * len(self._running), 100, 3)
+
+    def _send(self, gateway: bytes, message: object) -> None:
+        assert self._socket is not None
+        self._socket.send_multipart([gateway, encode(message)], zmq.NOBLOCK)

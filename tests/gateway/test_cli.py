@@ -1,0 +1,54 @@
+import pytest
+
+from ember_gateway.cli import build_parser, config_from_args
+from ember_gateway.config import GatewayConfig
+
+
+def config(argv: list[str]) -> GatewayConfig:
+    return config_from_args(build_parser().parse_args(argv))
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("EMBER_ENGINE", raising=False)
+    assert config([]) == GatewayConfig(engine_address="tcp://127.0.0.1:5555")
+
+
+def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch):
+    for name, value in {
+        "EMBER_ENGINE": "ipc:///tmp/engine.sock",
+        "EMBER_HOST": "0.0.0.0",
+        "EMBER_PORT": "9000",
+        "EMBER_API_KEY": "k",
+        "EMBER_MAX_PENDING": "8",
+        "EMBER_REQUEST_TIMEOUT": "2.5",
+        "EMBER_MAX_BODY_BYTES": "65536",
+        "EMBER_MODEL_NAME": "served",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert config([]) == GatewayConfig("ipc:///tmp/engine.sock", "0.0.0.0", 9000, "k", 8, 2.5, 65536, "served", 30.0)
+    assert config(["--port", "9001", "--max-pending", "3"]).port == 9001  # flags win
+
+
+def test_empty_api_key_from_the_environment_means_no_auth(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EMBER_API_KEY", "")
+    assert config(["--engine", "tcp://127.0.0.1:5555"]).api_key is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--engine", "http://x"],
+        ["--engine", "tcp://h:1", "--engine-timeout", "0"],
+        ["--engine", "tcp://h:1", "--max-pending", "0"],
+        ["--engine", "tcp://h:1", "--port", "x"],
+        ["--engine", "tcp://h:1", "--request-timeout", "-1"],
+    ],
+)
+def test_bad_settings_are_usage_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    from ember_gateway.cli import main
+
+    monkeypatch.delenv("EMBER_ENGINE", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "ember-gateway: error:" in capsys.readouterr().err

@@ -1,0 +1,404 @@
+"""The gateway against a scripted engine: response shapes, streaming, stop strings, limits, and
+every way the engine can fail underneath a request."""
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.gateway.conftest import Gateway, StartGateway, parse_sse, wait_until_async
+from tests.gateway.fake_engine import FakeEngine, byte_tokenizer_spec
+from tests.gateway.test_validation import assert_openai_error
+from tests.processes import free_port
+
+MODEL = "fake-model"
+REPLY = "Hello, world! ünïcödé €uro"  # the fake engine's answer, one byte-token per step
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hello", **fields}
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def streamed_text(events: list[Any], key: str = "text") -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            piece = choice[key] if key == "text" else choice["delta"].get("content", "")
+            texts[choice["index"]] = texts.get(choice["index"], "") + piece
+    return texts
+
+
+async def test_completion_shape(gateway: Gateway):
+    status, body = await gateway.post("/v1/completions", completion(max_tokens=5))
+    assert status == 200
+    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion" and body["model"] == MODEL
+    assert isinstance(body["created"], int)
+    assert body["choices"] == [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
+
+
+async def test_chat_shape(gateway: Gateway):
+    status, body = await gateway.post("/v1/chat/completions", chat(max_tokens=5))
+    assert status == 200
+    assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+    assert body["choices"] == [
+        {"index": 0, "message": {"role": "assistant", "content": "Hello"}, "logprobs": None, "finish_reason": "length"}
+    ]
+    assert body["usage"]["completion_tokens"] == 5
+
+
+async def test_chat_content_parts_and_chat_template(gateway: Gateway, fake_engine: FakeEngine):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]
+    status, _ = await gateway.post("/v1/chat/completions", chat(messages=messages, max_tokens=1))
+    assert status == 200
+    prompt = fake_engine.tokenizer.decode(fake_engine.received[-1].prompt_token_ids)
+    assert prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_completion_stream_equals_non_stream_and_include_usage(gateway: Gateway):
+    body = completion(max_tokens=len(REPLY.encode()))
+    _, whole = await gateway.post("/v1/completions", body)
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    events = await gateway.stream("/v1/completions", stream_body)
+    assert events[-1] == "[DONE]"
+    *chunks, usage_chunk = events[:-1]
+    assert all(chunk["usage"] is None and chunk["object"] == "text_completion" for chunk in chunks)
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == whole["usage"]
+    assert streamed_text(events[:-1] + ["[DONE]"]) == {0: REPLY} == {0: whole["choices"][0]["text"]}
+    # characters are never split: every chunk is whole UTF-8 text
+    assert len(chunks) > 10 and all(chunk["choices"][0]["text"] for chunk in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_chat_stream_role_chunk_content_and_finish_chunk(gateway: Gateway):
+    events = await gateway.stream("/v1/chat/completions", chat(max_tokens=5, stream=True))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(chunk["object"] == "chat.completion.chunk" and "usage" not in chunk for chunk in chunks)
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    ]
+    assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks) == "Hello"
+    assert chunks[-1]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+
+
+async def test_stream_with_several_choices(gateway: Gateway):
+    events = await gateway.stream("/v1/chat/completions", chat(max_tokens=3, n=2, stream=True))
+    chunks = events[:-1]
+    assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+    assert streamed_text(events, key="delta") == {0: "Hel", 1: "Hel"}
+    finished = [choice for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"]]
+    assert sorted((choice["index"], choice["finish_reason"]) for choice in finished) == [(0, "length"), (1, "length")]
+
+
+async def test_stop_string_across_tokens_aborts_the_engine_request(gateway: Gateway, fake_engine: FakeEngine):
+    status, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop=["xyz", "world"]))
+    assert status == 200
+    assert body["choices"][0]["text"] == "Hello, " and body["choices"][0]["finish_reason"] == "stop"
+    request_id = fake_engine.received[-1].request_id
+    await wait_until_async(lambda: request_id in fake_engine.aborted, 2.0, "the Abort")
+    assert body["usage"]["completion_tokens"] == len("Hello, world")
+
+    events = await gateway.stream("/v1/chat/completions", chat(max_tokens=40, stop="ö", stream=True))
+    assert streamed_text(events, key="delta") == {0: "Hello, world! ünïc"}
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_stop_token_ids_end_with_stop(gateway: Gateway, fake_engine: FakeEngine):
+    comma = fake_engine.tokenizer.encode(",")[0]
+    _, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop_token_ids=[comma]))
+    assert body["choices"][0] == {"index": 0, "text": "Hello,", "logprobs": None, "finish_reason": "stop"}
+
+
+async def test_n_and_prompt_lists_index_choices_and_derive_seeds(gateway: Gateway, fake_engine: FakeEngine):
+    status, body = await gateway.post("/v1/completions", completion(prompt=["ab", "cde"], n=2, seed=7, max_tokens=2))
+    assert status == 200
+    assert [choice["index"] for choice in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    received = fake_engine.received[-4:]
+    assert [generate.sampling.seed for generate in received] == [7, 8, 7, 8]
+    assert [len(generate.prompt_token_ids) for generate in received] == [2, 2, 3, 3]
+    assert len({generate.request_id for generate in received}) == 4
+
+    await gateway.post("/v1/completions", completion(n=3, max_tokens=1))
+    assert [generate.sampling.seed for generate in fake_engine.received[-3:]] == [None, None, None]
+
+
+async def test_sampling_fields_reach_the_engine(gateway: Gateway, fake_engine: FakeEngine):
+    await gateway.post(
+        "/v1/completions",
+        completion(max_tokens=3, temperature=0, top_p=0.5, top_k=-1, ignore_eos=True, min_tokens=2, stop_token_ids=[7]),
+    )
+    sampling = fake_engine.received[-1].sampling
+    assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.top_k) == (3, 0.0, 0.5, 0)
+    assert (sampling.ignore_eos, sampling.min_tokens, sampling.stop_token_ids) == (True, 2, [7])
+    assert sampling.logprobs is None
+    await gateway.post("/v1/chat/completions", chat())
+    assert fake_engine.received[-1].sampling.max_tokens == 64 - len(fake_engine.received[-1].prompt_token_ids)
+
+
+async def test_completion_logprobs_and_echo(gateway: Gateway, fake_engine: FakeEngine):
+    _, body = await gateway.post("/v1/completions", completion(prompt="hi ", max_tokens=3, logprobs=2, echo=True))
+    choice = body["choices"][0]
+    assert choice["text"] == "hi Hel"
+    assert choice["logprobs"] == {
+        "tokens": ["H", "e", "l"],
+        "token_logprobs": [-0.25, -0.25, -0.25],
+        "top_logprobs": [{"H": -0.25, "I": -1.5}, {"e": -0.25, "f": -1.5}, {"l": -0.25, "m": -1.5}],
+        "text_offset": [3, 4, 5],
+    }
+    assert fake_engine.received[-1].sampling.logprobs == 2
+    body = completion(prompt="hi ", max_tokens=3, logprobs=2, echo=True, stream=True)
+    events = await gateway.stream("/v1/completions", body)
+    assert streamed_text(events) == {0: "hi Hel"}
+    streamed_offsets = [offset for event in events[:-1] for offset in event["choices"][0]["logprobs"]["text_offset"]]
+    assert streamed_offsets == [3, 4, 5]
+
+
+async def test_logprobs_of_partial_characters_are_bytes(gateway: Gateway):
+    _, body = await gateway.post("/v1/completions", completion(max_tokens=len("Hello, world! ü".encode()), logprobs=0))
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["tokens"][-2:] == ["bytes:\\xc3", "bytes:\\xbc"]
+    assert logprobs["top_logprobs"][0] == {"H": -0.25}
+    assert logprobs["text_offset"][-3:] == [13, 14, 14]
+
+
+async def test_chat_logprobs(gateway: Gateway, fake_engine: FakeEngine):
+    _, body = await gateway.post("/v1/chat/completions", chat(max_tokens=2, logprobs=True, top_logprobs=1))
+    h = {"token": "H", "logprob": -0.25, "bytes": [72]}
+    e = {"token": "e", "logprob": -0.25, "bytes": [101]}
+    assert body["choices"][0]["logprobs"] == {
+        "content": [{**h, "top_logprobs": [h]}, {**e, "top_logprobs": [e]}],
+        "refusal": None,
+    }
+    await gateway.post("/v1/chat/completions", chat(max_tokens=1, logprobs=True))
+    assert fake_engine.received[-1].sampling.logprobs == 0
+
+
+async def test_models_health_and_served_name(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, model_name="served/name")
+    async with gateway.http.get("/v1/models") as response:
+        models = await response.json()
+    entry = {"id": "served/name", "object": "model", "created": 1700000000, "owned_by": "ember", "max_model_len": 64}
+    assert models == {"object": "list", "data": [entry]}
+    async with gateway.http.get("/v1/models/served/name") as response:
+        assert response.status == 200
+    async with gateway.http.get("/v1/models/fake-model") as response:
+        assert_openai_error(response.status, await response.json(), 404)
+    status, _ = await gateway.post("/v1/completions", {**completion(max_tokens=1), "model": "served/name"})
+    assert status == 200
+    status, body = await gateway.post("/v1/completions", completion(max_tokens=1))
+    assert_openai_error(status, body, 404)
+    async with gateway.http.get("/health") as response:
+        assert response.status == 200 and (await response.json())["status"] == "ok"
+
+
+async def test_metrics(gateway: Gateway):
+    await gateway.post("/v1/completions", completion(max_tokens=4))
+    await gateway.post("/v1/completions", completion(max_tokens=40, stop="o"))
+    async with gateway.http.get("/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    label = 'model_name="fake-model"'
+    for line in (
+        f"ember_prompt_tokens_total{{{label}}} 10.0",
+        f"ember_generation_tokens_total{{{label}}} 9.0",
+        f'ember_request_success_total{{finished_reason="length",{label}}} 1.0',
+        f'ember_request_success_total{{finished_reason="stop",{label}}} 1.0',
+        f"ember_time_to_first_token_seconds_count{{{label}}} 2.0",
+        f"ember_e2e_request_latency_seconds_count{{{label}}} 2.0",
+        f"ember_request_queue_time_seconds_count{{{label}}} 2.0",
+        f"ember_inter_token_latency_seconds_count{{{label}}} 7.0",
+        f"ember_num_preemptions_total{{{label}}} 3.0",
+        f"ember_num_requests_running{{{label}}} ",
+        f"ember_num_requests_waiting{{{label}}} 0.0",
+        f"ember_kv_cache_usage_perc{{{label}}} ",
+    ):
+        assert line in text, line
+
+
+async def test_too_many_pending_gets_429(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, max_pending=2)
+    fake_engine.step_interval = 0.05
+    long_request = asyncio.create_task(gateway.post("/v1/completions", completion(n=2, max_tokens=20)))
+    await wait_until_async(lambda: fake_engine.num_running == 2, 5.0, "two requests running")
+    async with gateway.http.post("/v1/completions", json=completion(max_tokens=1)) as response:
+        assert_openai_error(response.status, await response.json(), 429)
+        assert response.headers["Retry-After"] == "1"
+    status, body = await gateway.post("/v1/completions", completion(n=3, max_tokens=1))
+    assert_openai_error(status, body, 400)  # could never fit
+    assert (await long_request)[0] == 200
+    status, _ = await gateway.post("/v1/completions", completion(max_tokens=1))
+    assert status == 200
+
+
+async def test_client_disconnect_mid_stream_aborts(fake_engine: FakeEngine, gateway: Gateway):
+    fake_engine.step_interval = 0.05
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{gateway.url}/v1/completions", json=completion(max_tokens=40, stream=True))
+        await response.content.readuntil(b"\n\n")
+        response.close()  # drops the connection
+    request_id = fake_engine.received[-1].request_id
+    await wait_until_async(lambda: request_id in fake_engine.aborted, 2.0, "the Abort after the disconnect")
+    assert gateway.client.num_in_flight == 0 and fake_engine.num_running == 0
+
+
+async def test_client_disconnect_while_waiting_non_stream_aborts(fake_engine: FakeEngine, gateway: Gateway):
+    fake_engine.step_interval = 0.05
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(session.post(f"{gateway.url}/v1/completions", json=completion(max_tokens=40)))
+        await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+        request.cancel()
+    request_id = fake_engine.received[-1].request_id
+    await wait_until_async(lambda: request_id in fake_engine.aborted, 2.0, "the Abort after the disconnect")
+
+
+async def test_request_timeout(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, request_timeout=0.3)
+    fake_engine.step_interval = 0.05
+    started = time.monotonic()
+    status, body = await gateway.post("/v1/completions", completion(max_tokens=40))
+    assert_openai_error(status, body, 504)
+    assert time.monotonic() - started < 2.0
+    generate = fake_engine.received[-1]
+    assert generate.deadline is not None and generate.deadline - generate.arrival_time == pytest.approx(0.3, abs=0.05)
+    await wait_until_async(lambda: generate.request_id in fake_engine.aborted, 2.0, "the Abort at the deadline")
+
+    events = await gateway.stream("/v1/completions", completion(max_tokens=40, stream=True))
+    assert events[-2]["error"]["code"] == "request_timeout" and events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize("code", [400, 503, 500])
+async def test_engine_rejection_becomes_the_http_status(gateway: Gateway, fake_engine: FakeEngine, code: int):
+    fake_engine.reject_code = code
+    status, body = await gateway.post("/v1/completions", completion(stream=True))
+    assert_openai_error(status, body, code)["message"] == "rejected by the fake engine"
+    if code == 503:  # the gateway said Hello again and got Ready back
+        await wait_until_async(lambda: fake_engine.hellos >= 2 and gateway.client.ready, 5.0, "ready again")
+    fake_engine.reject_code = None
+    status, _ = await gateway.post("/v1/completions", completion(max_tokens=1))
+    assert status == 200
+
+
+async def get_status(gateway: Gateway, path: str) -> int:
+    async with gateway.http.get(path) as response:
+        return response.status
+
+
+async def test_engine_death_mid_stream_ends_every_request_then_recovers(
+    fake_engine: FakeEngine, start_gateway: StartGateway
+):
+    gateway = await start_gateway(fake_engine)
+    fake_engine.step_interval = 0.05
+    async with gateway.http.post("/v1/chat/completions", json=chat(max_tokens=40, stream=True)) as stream:
+        waiting = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
+        await stream.content.readuntil(b"\n\n")
+        await wait_until_async(lambda: fake_engine.num_running == 2, 5.0, "both requests running")
+        await fake_engine.stop()
+        events = parse_sse((await asyncio.wait_for(stream.read(), 5.0)).decode())
+    assert events[-2]["error"]["type"] == "service_unavailable_error" and events[-1] == "[DONE]"
+    status, body = await asyncio.wait_for(waiting, 5.0)
+    assert_openai_error(status, body, 503)
+    assert await get_status(gateway, "/health") == 503
+    status, body = await gateway.post("/v1/completions", completion())
+    assert_openai_error(status, body, 503)
+
+    restarted = FakeEngine(fake_engine.address)
+    await restarted.start()
+    try:
+        await wait_until_async(lambda: gateway.client.ready, 5.0, "ready with the new engine")
+        assert await get_status(gateway, "/health") == 200
+        status, _ = await gateway.post("/v1/completions", completion(max_tokens=2))
+        assert status == 200
+    finally:
+        await restarted.stop()
+
+
+async def test_silent_engine_trips_the_watchdog(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, watchdog_s=0.5)
+    fake_engine.step_interval = 0.05
+    request = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
+    await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+    fake_engine.paused = True
+    status, body = await asyncio.wait_for(request, 5.0)
+    assert_openai_error(status, body, 503)
+    assert await get_status(gateway, "/health") == 503
+    fake_engine.paused = False
+    await wait_until_async(lambda: gateway.client.ready, 10.0, "ready once the engine answers again")
+
+
+async def test_new_engine_id_fails_requests_in_flight(fake_engine: FakeEngine, gateway: Gateway):
+    fake_engine.step_interval = 0.05
+    request = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
+    await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+    fake_engine.restart_in_place()
+    status, body = await asyncio.wait_for(request, 5.0)
+    assert_openai_error(status, body, 503)
+    await wait_until_async(lambda: gateway.client.ready, 5.0, "ready with the new engine id")
+    assert gateway.client.model is not None and gateway.client.model.engine_id == fake_engine.engine_id
+
+
+async def test_protocol_mismatch_stays_not_ready(start_gateway: StartGateway):
+    engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", protocol_version=99)
+    await engine.start()
+    try:
+        gateway = await start_gateway(engine, wait_ready=False)
+        await wait_until_async(lambda: engine.hellos >= 2, 5.0, "repeated Hellos")
+        assert not gateway.client.ready
+        assert await get_status(gateway, "/health") == 503
+        status, body = await gateway.post("/v1/completions", completion())
+        assert_openai_error(status, body, 503)
+    finally:
+        await engine.stop()
+
+
+async def test_no_engine_yet_is_503_everywhere(start_gateway: StartGateway):
+    gateway = await start_gateway(FakeEngine(f"tcp://127.0.0.1:{free_port()}"), wait_ready=False)
+    assert await get_status(gateway, "/health") == 503
+    assert await get_status(gateway, "/v1/models") == 503
+    status, body = await gateway.post("/v1/chat/completions", chat())
+    assert_openai_error(status, body, 503)
+
+
+async def test_model_without_tokenizer_serves_token_ids_only(start_gateway: StartGateway):
+    engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", tokenizer_spec=None)
+    await engine.start()
+    try:
+        gateway = await start_gateway(engine)
+        for path, body in (("/v1/completions", completion()), ("/v1/chat/completions", chat())):
+            status, error = await gateway.post(path, body)
+            assert "tokenizer" in assert_openai_error(status, error, 400)["message"]
+        status, error = await gateway.post("/v1/completions", completion(prompt=[1, 2], stop="x"))
+        assert_openai_error(status, error, 400)
+        status, body = await gateway.post(
+            "/v1/completions", completion(prompt=[1, 2], max_tokens=3, logprobs=0, return_token_ids=True)
+        )
+        assert status == 200
+        choice = body["choices"][0]
+        assert choice["text"] == "" and choice["token_ids"] == [1, 2, 3]
+        assert choice["logprobs"]["tokens"] == ["token_id:1", "token_id:2", "token_id:3"]
+    finally:
+        await engine.stop()
+
+
+async def test_model_without_chat_template_refuses_chat(start_gateway: StartGateway):
+    engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", tokenizer_spec=byte_tokenizer_spec(chat_template=None))
+    await engine.start()
+    try:
+        gateway = await start_gateway(engine)
+        status, error = await gateway.post("/v1/chat/completions", chat())
+        assert "chat template" in assert_openai_error(status, error, 400)["message"]
+        status, _ = await gateway.post("/v1/completions", completion(max_tokens=1))
+        assert status == 200
+    finally:
+        await engine.stop()

@@ -1,0 +1,179 @@
+"""Malformed requests: each gets the right 4xx with an OpenAI error body, and the gateway keeps serving."""
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.gateway.conftest import Gateway, StartGateway
+from tests.gateway.fake_engine import FakeEngine
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+def completion(**fields: Any) -> bytes:
+    return json.dumps({"model": "fake-model", "prompt": "hello", **fields}).encode()
+
+
+def chat(**fields: Any) -> bytes:
+    return json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+def raw(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+# (path, body, status, param); param None: not checked
+CORPUS: list[tuple[str, bytes, int, str | None]] = [
+    (COMPLETIONS, b"{not json", 400, None),
+    (COMPLETIONS, b"", 400, None),
+    (COMPLETIONS, b"[1, 2]", 400, None),
+    (COMPLETIONS, b'"a string"', 400, None),
+    (COMPLETIONS, b"null", 400, None),
+    (COMPLETIONS, raw({"prompt": "hi"}), 400, "model"),
+    (COMPLETIONS, raw({"model": "fake-model"}), 400, "prompt"),
+    (COMPLETIONS, raw({"model": 5, "prompt": "hi"}), 400, "model"),
+    (COMPLETIONS, raw({"model": "no-such-model", "prompt": "hi"}), 404, "model"),
+    (COMPLETIONS, completion(prompt=""), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[[]]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=["a", 1]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[1, [2]]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[True]), 400, None),
+    (COMPLETIONS, completion(prompt={"text": "hi"}), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[-1]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[300]), 400, "prompt"),
+    (COMPLETIONS, completion(prompt=[[1, 2], [3, 3000]]), 400, "prompt"),
+    (COMPLETIONS, completion(max_tokens=0), 400, "max_tokens"),
+    (COMPLETIONS, completion(max_tokens=-1), 400, "max_tokens"),
+    (COMPLETIONS, completion(max_tokens="5"), 400, "max_tokens"),
+    (COMPLETIONS, completion(max_tokens=1.5), 400, "max_tokens"),
+    (COMPLETIONS, completion(max_tokens=True), 400, "max_tokens"),
+    (COMPLETIONS, completion(max_tokens=60), 400, "max_tokens"),  # 5 prompt tokens + 60 > 64
+    (COMPLETIONS, completion(max_tokens=10**30), 400, "max_tokens"),
+    (COMPLETIONS, completion(temperature=-0.1), 400, "temperature"),
+    (COMPLETIONS, completion(temperature=2.5), 400, "temperature"),
+    (COMPLETIONS, completion(temperature="hot"), 400, "temperature"),
+    (COMPLETIONS, completion(top_p=0), 400, "top_p"),
+    (COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
+    (COMPLETIONS, completion(top_k=-2), 400, "top_k"),
+    (COMPLETIONS, completion(n=0), 400, "n"),
+    (COMPLETIONS, completion(n=100000), 400, "n"),
+    (COMPLETIONS, completion(logprobs=21), 400, "logprobs"),
+    (COMPLETIONS, completion(logprobs=-1), 400, "logprobs"),
+    (COMPLETIONS, completion(logprobs=True), 400, "logprobs"),
+    (COMPLETIONS, completion(stop=""), 400, "stop"),
+    (COMPLETIONS, completion(stop=["ok", ""]), 400, "stop"),
+    (COMPLETIONS, completion(stop=[1]), 400, "stop[0]"),
+    (COMPLETIONS, completion(stop=5), 400, "stop"),
+    (COMPLETIONS, completion(stop=[str(i) for i in range(17)]), 400, "stop"),
+    (COMPLETIONS, completion(seed=-1), 400, "seed"),
+    (COMPLETIONS, completion(seed="x"), 400, "seed"),
+    (COMPLETIONS, completion(stream="yes"), 400, "stream"),
+    (COMPLETIONS, completion(stream=True, stream_options={"include_usage": "x"}), 400, "stream_options.include_usage"),
+    (COMPLETIONS, completion(echo="x"), 400, "echo"),
+    (COMPLETIONS, completion(stop_token_ids=[999]), 400, "stop_token_ids"),
+    (COMPLETIONS, completion(stop_token_ids=[-3]), 400, "stop_token_ids[0]"),
+    (COMPLETIONS, completion(min_tokens=20), 400, "min_tokens"),  # > the default 16 max_tokens
+    (COMPLETIONS, completion(ignore_eos="no"), 400, "ignore_eos"),
+    (CHAT, raw({"model": "fake-model"}), 400, "messages"),
+    (CHAT, chat(messages=[]), 400, "messages"),
+    (CHAT, chat(messages="hi"), 400, "messages"),
+    (CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
+    (CHAT, chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
+    (CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+     "messages[0].content[0].type"),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), 400, "messages[0].content[0].text"),
+    (CHAT, chat(top_logprobs=2), 400, "top_logprobs"),
+    (CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    (CHAT, chat(logprobs=1), 400, "logprobs"),
+    (CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    (CHAT, chat(max_tokens=1000), 400, "max_tokens"),
+    (CHAT, chat(messages=[{"role": "user", "content": "x" * 100}]), 400, "messages"),  # no room left
+    (CHAT, raw({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
+]
+
+
+def assert_openai_error(status: int, body: Any, expected_status: int) -> dict[str, Any]:
+    assert status == expected_status, body
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    return error
+
+
+async def test_malformed_corpus_gets_4xx_each_and_good_requests_still_work(gateway: Gateway):
+    for path, body, expected_status, param in CORPUS:
+        async with gateway.http.post(path, data=body, headers={"Content-Type": "application/json"}) as response:
+            error = assert_openai_error(response.status, await response.json(), expected_status)
+        if param is not None:
+            assert error["param"] == param, (path, body, error)
+    status, good = await gateway.post(COMPLETIONS, {"model": "fake-model", "prompt": "hello", "max_tokens": 3})
+    assert status == 200 and good["choices"][0]["text"] == "Hel"
+
+
+async def test_context_length_error_states_the_numbers(gateway: Gateway):
+    status, body = await gateway.post(COMPLETIONS, {"model": "fake-model", "prompt": "hello", "max_tokens": 60})
+    message = assert_openai_error(status, body, 400)["message"]
+    assert "64" in message and "65" in message and "60" in message
+
+
+async def test_unknown_and_unimplemented_fields_are_ignored(gateway: Gateway):
+    status, body = await gateway.post(
+        COMPLETIONS,
+        {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "frequency_penalty": 0, "x": {"y": [1]}},
+    )
+    assert status == 200, body
+
+
+async def test_unknown_route_and_wrong_method_get_json_errors(gateway: Gateway):
+    async with gateway.http.get("/v1/nope") as response:
+        assert_openai_error(response.status, await response.json(), 404)
+    async with gateway.http.get(COMPLETIONS) as response:
+        assert_openai_error(response.status, await response.json(), 405)
+        assert response.headers["Allow"] == "POST"
+
+
+async def test_body_over_the_limit_gets_413(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, max_body_bytes=2048)
+    status, body = await gateway.post(COMPLETIONS, {"model": "fake-model", "prompt": "x" * 4096})
+    assert_openai_error(status, body, 413)
+    status, _ = await gateway.post(COMPLETIONS, {"model": "fake-model", "prompt": "x", "max_tokens": 1})
+    assert status == 200
+
+
+async def test_api_key(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, api_key="sekret")
+    good = {"model": "fake-model", "prompt": "x", "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+        status, body = await gateway.post(COMPLETIONS, good, headers=headers)
+        assert_openai_error(status, body, 401)
+    async with gateway.http.get("/v1/models") as response:
+        assert response.status == 401
+    status, _ = await gateway.post(COMPLETIONS, good, headers={"Authorization": "Bearer sekret"})
+    assert status == 200
+    for open_path in ("/health", "/metrics"):
+        async with gateway.http.get(open_path) as response:
+            assert response.status == 200
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+async def test_unexpected_exception_is_a_500_and_serving_continues(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, path: str
+):
+    from ember_gateway import plans
+
+    original = plans.build_plans
+    monkeypatch.setattr("ember_gateway.completions.build_plans", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("ember_gateway.chat.build_plans", lambda *a, **k: 1 / 0)
+    body = json.loads(completion() if path == COMPLETIONS else chat())
+    status, error = await gateway.post(path, body)
+    assert assert_openai_error(status, error, 500)["type"] == "server_error"
+    monkeypatch.setattr("ember_gateway.completions.build_plans", original)
+    monkeypatch.setattr("ember_gateway.chat.build_plans", original)
+    status, _ = await gateway.post(path, {**body, "max_tokens": 2})
+    assert status == 200
