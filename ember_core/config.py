@@ -18,7 +18,7 @@ class EngineConfig:
     num_blocks: int | None = None
     kv_cache_mib: float = 128
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 512
     max_model_len: int | None = None
     admission: Admission = "preempt"
     batching: Batching = "continuous"
