@@ -8,9 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+STARTUP_TIMEOUT_S = 90.0  # torch import and model load on a busy 2-core machine
 
 
 def free_port() -> int:
@@ -40,9 +44,9 @@ def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> int:
 
 
 @contextmanager
-def spawned(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
+def spawned(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Start argv (a python -m module and its flags) with output to log_path; stop it on exit."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
@@ -53,3 +57,29 @@ def spawned(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
 
 def engine_argv(model_dir: Path | str, address: str, *extra: str) -> list[str]:
     return ["-m", "ember_engine", "--model", str(model_dir), "--bind", address, "--device", "cpu", "--dtype", "float32", *extra]
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+def gateway_argv(engine_address: str, port: int, *extra: str) -> list[str]:
+    return ["-m", "ember_gateway", "--engine", engine_address, "--port", str(port), "--log-level", "WARNING", *extra]
+
+
+def start_gateway(engine_address: str, log: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A gateway process on a free port, yielded as its base URL once /health is 200."""
+    port = free_port()
+    with spawned(gateway_argv(engine_address, port, *extra), log, env) as process:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(
+            lambda: process.poll() is not None or http_status(f"{url}/health") == 200, STARTUP_TIMEOUT_S, "a gateway"
+        )
+        assert process.poll() is None, log.read_text()
+        yield url

@@ -7,8 +7,6 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-
-from ember_core.tokenizer import Tokenizer
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoiceUpdate, TokenLogprob
@@ -16,6 +14,8 @@ from ember_gateway.logprobs import TextOffsets, completion_logprobs
 from ember_gateway.plans import build_plans, stop_strings
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import CompletionRequest
+
+from ember_core.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -73,12 +73,7 @@ def _tokenize(prompt: Prompt, tokenizer: Tokenizer | None) -> list[int]:
         return prompt
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", param="prompt")
-    # As Hugging Face tokenizers do, special tokens written in the prompt count as such.
-    token_ids = tokenizer.encode(prompt, allow_special=True)
-    bos = tokenizer.bos_token_id
-    if tokenizer.add_bos_token and bos is not None and token_ids[:1] != [bos]:
-        token_ids.insert(0, bos)
-    return token_ids
+    return tokenizer.encode_prompt(prompt)
 
 
 def _echo_text(prompt: Prompt, model: ServedModel) -> str:

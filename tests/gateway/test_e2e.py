@@ -9,8 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,40 +20,23 @@ import pytest
 from tests.gateway.conftest import parse_sse
 from tests.gateway.test_validation import assert_openai_error
 from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
-from tests.processes import engine_argv, free_port, spawned, wait_until
+from tests.processes import (
+    STARTUP_TIMEOUT_S,
+    engine_argv,
+    free_port,
+    gateway_argv,
+    http_status,
+    spawned,
+    start_gateway,
+    wait_until,
+)
 
 MODEL = "tiny"
 API_KEY = "e2e-key"
-STARTUP_TIMEOUT_S = 90.0  # torch import and model load on a busy 2-core machine
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
 
 
 def start_engine(model_dir: Path, address: str, log: Path):
     return spawned(engine_argv(model_dir, address, "--num-blocks", "64", "--served-model-name", MODEL), log)
-
-
-def gateway_argv(engine_address: str, port: int, *extra: str) -> list[str]:
-    return ["-m", "ember_gateway", "--engine", engine_address, "--port", str(port), "--log-level", "WARNING", *extra]
-
-
-def start_gateway(engine_address: str, log: Path, *extra: str) -> Iterator[str]:
-    port = free_port()
-    with spawned(gateway_argv(engine_address, port, *extra), log) as process:
-        url = f"http://127.0.0.1:{port}"
-        wait_until(
-            lambda: process.poll() is not None or http_status(f"{url}/health") == 200, STARTUP_TIMEOUT_S, "a gateway"
-        )
-        assert process.poll() is None, log.read_text()
-        yield url
 
 
 @pytest.fixture(scope="module")

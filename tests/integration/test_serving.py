@@ -1,0 +1,125 @@
+"""The product as users meet it: real engines and gateways as processes, the default model, `ember serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from ember_core import LLM, SamplingParams
+from tests.gateway.conftest import parse_sse
+from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
+from tests.processes import (
+    STARTUP_TIMEOUT_S,
+    engine_argv,
+    free_port,
+    http_status,
+    spawned,
+    start_gateway,
+    stop_process,
+    wait_until,
+)
+
+PROMPTS = [f"Request number {i}: the {word} of the day is" for i, word in enumerate(
+    ["weather", "menu", "plan", "news", "word", "song", "idea", "price", "score", "quote", "joke", "fact"]
+)]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model_dir(gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_with_tokenizer(gpt2_dir, tmp_path_factory.mktemp("serving") / "gpt2-bpe")
+
+
+@pytest.fixture(scope="module")
+def engine_address(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    # A small pool and batch so the load also exercises queueing and preemption.
+    argv = engine_argv(model_dir, address, "--num-blocks", "24", "--block-size", "4", "--max-num-seqs", "6",
+                       "--served-model-name", "tiny")
+    with spawned(argv, log):
+        yield address
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, prompt: str, stream: bool) -> str:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        if not stream:
+            return (await response.json())["choices"][0]["text"]
+        events = parse_sse(await response.text())
+    assert events[-1] == "[DONE]"
+    return "".join(event["choices"][0]["text"] for event in events[:-1] if event["choices"])
+
+
+async def test_two_gateways_under_concurrent_load_return_every_result_correctly(
+    engine_address: str, model_dir: Path, tmp_path: Path
+) -> None:
+    offline = LLM(str(model_dir), device="cpu", dtype="float32", num_blocks=256)
+    expected = [o.text for o in offline.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))]
+    first = start_gateway(engine_address, tmp_path / "gw1.log")
+    second = start_gateway(engine_address, tmp_path / "gw2.log")
+    urls = [next(first), next(second)]
+    try:
+        async with aiohttp.ClientSession() as session:
+            jobs = [
+                _complete(session, urls[i % 2], prompt, stream=bool(i % 3))
+                for rounds in range(2)
+                for i, prompt in enumerate(PROMPTS)
+            ]
+            results = await asyncio.wait_for(asyncio.gather(*jobs), 240)
+            assert results == expected * 2
+            for url in urls:
+                async with session.get(f"{url}/metrics") as response:
+                    text = await response.text()
+                assert "ember_kv_cache_usage_perc" in text
+    finally:
+        for gateway in (first, second):
+            gateway.close()
+
+
+def test_gateway_serves_with_torch_unavailable(engine_address: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not available in this test')\n")
+    gateway = start_gateway(engine_address, tmp_path / "gw.log", env={"PYTHONPATH": str(blocker.parent)})
+    url = next(gateway)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        completion = client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0)
+        assert completion.choices[0].finish_reason in ("length", "stop")
+        assert completion.usage.completion_tokens >= 1
+    finally:
+        gateway.close()
+
+
+def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) -> None:
+    """`ember serve` with no model argument: the real SmolLM2 GGUF behind a gateway, through the openai SDK."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = ["-m", "ember_core.cli", "serve", "--port", str(port), "--kv-cache-mib", "32", "--dtype", "float32"]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    with spawned(argv, tmp_path / "serve.log") as process:
+        offline = LLM(device="cpu", dtype="float32", kv_cache_mib=32)
+        prompt = offline.tokenizer.apply_chat_template(messages)
+        expected = offline.generate([prompt], SamplingParams(max_tokens=24, temperature=0))[0]
+        wait_until(lambda: process.poll() is not None or http_status(f"{url}/health") == 200,
+                   2 * STARTUP_TIMEOUT_S, "ember serve")
+        assert process.poll() is None, (tmp_path / "serve.log").read_text()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
+        chat = client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages, max_tokens=24, temperature=0
+        )
+        assert chat.choices[0].message.content == expected.text
+        assert "Paris" in chat.choices[0].message.content
+        assert chat.usage.prompt_tokens == len(prompt)
+        process.send_signal(signal.SIGTERM)
+        assert stop_process(process, timeout=30) == 0
+    assert http_status(f"{url}/health") == 0  # nothing listens any more

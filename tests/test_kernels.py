@@ -1,0 +1,194 @@
+"""The C++ paged decode-attention kernel against a float64 reference, and the fallback when it cannot be built."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from ember_core.kernels import paged_decode
+
+
+@pytest.fixture(scope="module")
+def kernel() -> None:
+    """Builds the extension once (JIT, cached on disk); fails if a compiler is there and the build does not work."""
+    if not paged_decode.is_available():
+        if shutil.which(os.environ.get("CXX", "c++")) is None:
+            pytest.skip(f"no C++ compiler: {paged_decode.unavailable_reason()}")
+        pytest.fail(f"the extension did not build: {paged_decode.unavailable_reason()}")
+
+
+@dataclass
+class Case:
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    scale: float
+
+
+def make_case(
+    context_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> Case:
+    """Shuffled, non-contiguous block ids with spare blocks in the pool. Every cache slot outside a
+    sequence's context is NaN and table padding is an invalid id, so reading either shows up."""
+    generator = torch.Generator().manual_seed(seed)
+    held = [-(-n // block_size) for n in context_lens]
+    num_blocks = sum(held) + 7
+    block_ids = torch.randperm(num_blocks, generator=generator).tolist()
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(shape, float("nan"), dtype=dtype)
+    value_cache = torch.full(shape, float("nan"), dtype=dtype)
+    max_blocks = max(held) + 2
+    tables = []
+    for context_len, count in zip(context_lens, held):
+        table, block_ids = block_ids[:count], block_ids[count:]
+        for cache in (key_cache, value_cache):
+            slots = cache[table].flatten(0, 1)
+            slots[:context_len] = torch.randn(context_len, num_kv_heads, head_dim, generator=generator).to(dtype)
+            cache[table] = slots.view(count, block_size, num_kv_heads, head_dim)
+        tables.append(table + [num_blocks + 1000] * (max_blocks - count))
+    return Case(
+        query=torch.randn(len(context_lens), num_kv_heads * group, head_dim, generator=generator).to(dtype),
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=torch.tensor(tables, dtype=torch.int32),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32),
+        scale=head_dim**-0.5,
+    )
+
+
+def reference(case: Case) -> torch.Tensor:
+    """Per sequence: gather its K/V up to context_len, repeat kv heads, softmax(q k^T * scale) v in float64."""
+    outputs = []
+    group = case.query.shape[1] // case.key_cache.shape[2]
+    for b, context_len in enumerate(case.context_lens.tolist()):
+        table = case.block_tables[b, : -(-context_len // case.key_cache.shape[1])].long()
+        keys = case.key_cache[table].flatten(0, 1)[:context_len].double().repeat_interleave(group, dim=1)
+        values = case.value_cache[table].flatten(0, 1)[:context_len].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", case.query[b].double(), keys) * case.scale
+        outputs.append(torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), values))
+    return torch.stack(outputs)
+
+
+def run_kernel(case: Case) -> torch.Tensor:
+    return paged_decode.paged_decode_attention(
+        case.query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, case.scale
+    )
+
+
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_kv_heads,group", [(3, 3), (2, 1), (1, 4)], ids=["gqa3", "mha", "mqa4"])
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 36])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_kernel_matches_reference(
+    kernel: None, dtype: torch.dtype, num_kv_heads: int, group: int, head_dim: int, block_size: int
+) -> None:
+    # One token, exactly one and two full blocks, one past a block, and long mixed contexts.
+    context_lens = [1, block_size, 2 * block_size, block_size + 1, 100, 47, 300, 600]
+    case = make_case(context_lens, num_kv_heads, group, head_dim, block_size, dtype)
+    out = run_kernel(case)
+    assert out.dtype == dtype and out.shape == case.query.shape
+    torch.testing.assert_close(out.double(), reference(case), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("context_lens", [[1], [613], [16] * 40, [200, 7, 450, 33]], ids=["one", "long", "many", "mixed"])
+def test_kernel_is_correct_however_the_work_is_split(kernel: None, num_threads: int, context_lens: list[int]) -> None:
+    case = make_case(context_lens, num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32, seed=1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        out = run_kernel(case)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
+
+
+def test_zero_length_context_gives_zeros(kernel: None) -> None:
+    case = make_case([5, 20], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+    case.context_lens[1] = 0
+    out = run_kernel(case)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[0].double(), reference(case)[0], atol=1e-5, rtol=0)
+
+
+def test_empty_batch(kernel: None) -> None:
+    case = make_case([5], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+    out = paged_decode.paged_decode_attention(
+        case.query[:0], case.key_cache, case.value_cache, case.block_tables[:0], case.context_lens[:0], case.scale
+    )
+    assert out.shape == (0, 9, 64)
+
+
+def with_changes(case: Case, **changes: object) -> Case:
+    return Case(**{**case.__dict__, **changes})
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c: with_changes(c, query=c.query.half(), key_cache=c.key_cache.half(), value_cache=c.value_cache.half()), "float32 and bfloat16"),
+        (lambda c: with_changes(c, query=c.query.bfloat16()), "share a dtype"),
+        (lambda c: with_changes(c, block_tables=c.block_tables.long()), "int32"),
+        (lambda c: with_changes(c, context_lens=c.context_lens.long()), "int32"),
+        (lambda c: with_changes(c, query=c.query.transpose(0, 1).contiguous().transpose(0, 1)), "contiguous"),
+        (lambda c: with_changes(c, query=c.query[:, :8].contiguous()), "not a multiple"),
+        (lambda c: with_changes(c, query=c.query[..., :32].contiguous()), "head_dim"),
+        (lambda c: with_changes(c, context_lens=c.context_lens + 1000), "does not fit"),
+        (lambda c: with_changes(c, block_tables=c.block_tables.clone().fill_(10**6)), "outside the cache"),
+        (lambda c: with_changes(c, block_tables=c.block_tables[:1]), r"\[batch, max_blocks\]"),
+    ],
+    ids=["fp16", "mixed-dtypes", "int64-tables", "int64-lens", "strided-query", "heads", "head-dim", "too-long", "bad-block", "table-rows"],
+)
+def test_unsupported_inputs_raise_a_clear_error(kernel: None, change, message: str) -> None:
+    case = change(make_case([5, 20], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32))
+    with pytest.raises(RuntimeError, match=message):
+        run_kernel(case)
+
+
+def test_op_traces_under_torch_compile(kernel: None) -> None:
+    case = make_case([3, 40, 17], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+
+    def attend(query: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ember.paged_decode_attention(
+            query * 1.0, case.key_cache, case.value_cache, block_tables, context_lens, case.scale
+        )
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=True)
+    out = compiled(case.query, case.block_tables, case.context_lens)
+    torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
+
+
+def test_unbuildable_extension_falls_back_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[int] = []
+
+    def broken_build() -> None:
+        attempts.append(1)
+        raise OSError("no C++ compiler found")
+
+    monkeypatch.setattr(paged_decode, "_build", broken_build)
+    # A fresh memo of the build attempt, as in a process that has not tried yet.
+    monkeypatch.setattr(paged_decode, "_load", functools.cache(paged_decode._load.__wrapped__))
+    case = make_case([5], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+
+    assert not paged_decode.is_available()
+    assert "no C++ compiler found" in paged_decode.unavailable_reason()
+    with pytest.raises(paged_decode.KernelUnavailableError, match="could not be built: OSError: no C"):
+        run_kernel(case)
+    assert not paged_decode.is_available()
+    assert attempts == [1]  # remembered, not retried per call
