@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from ember_core.core.engine import Engine, RequestDelta, RequestRejected
+from ember_core.core.engine import Engine, RequestDelta
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
     PROTOCOL_VERSION,
