@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4'
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.ember-installed
 
-.PHONY: install run serve generate test clean
+.PHONY: install deploy-tools run serve generate test clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,15 @@ run serve: $(STAMP)
 generate: $(STAMP)
 	$(VENV)/bin/ember generate $(ARGS)
 
-test: $(STAMP)
+# nginx and docker-compose validate deploy/ in the tests; installed from Debian's packages when root.
+deploy-tools:
+	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] || ! command -v docker-compose >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx docker-compose >/dev/null; \
+		else echo "note: nginx / docker-compose not installed: their deploy tests will be skipped"; fi; \
+	fi
+
+test: $(STAMP) deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
