@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import torch
 
 DTYPES = {
@@ -31,6 +34,16 @@ def resolve_device(device: str | None) -> torch.device:
     return resolved
 
 
+def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """bf16 matmuls beat float32 only with native bf16 dot products (AVX512-BF16 or AMX); emulated
+    bf16 on AVX2 is slower than float32."""
+    try:
+        flags = cpuinfo.read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -39,7 +52,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if device.type == "mps":
             return torch.float16
-        return torch.float32
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
