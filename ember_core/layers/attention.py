@@ -27,8 +27,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] flat cache slot of every token in the batch
     # Sequences computing exactly one token (decodes), batched together.
     decode_token_index: torch.Tensor  # [num_decodes]
-    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks], padded with block 0
-    decode_key_mask: torch.Tensor  # [num_decodes, 1, 1, max_blocks * block_size] True where attended
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32, padded with block 0
+    decode_context_lens: torch.Tensor  # [num_decodes] int32
+    # [num_decodes, 1, 1, max_blocks * block_size], True where attended; None: the C++ kernel runs
+    decode_key_mask: torch.Tensor | None
     prefills: list[PrefillSlice]
 
     @property
@@ -48,14 +50,20 @@ def paged_attention(
     num_kv_heads = key_cache.shape[2]
     gqa = num_kv_heads != num_heads
     if meta.num_decodes:
-        # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
-        keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-        values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-        q = query[meta.decode_token_index].unsqueeze(2)  # [B, heads, 1, d]
-        attn = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=meta.decode_key_mask, scale=scale, enable_gqa=gqa
-        )
-        out[meta.decode_token_index] = attn.squeeze(2)
+        q = query[meta.decode_token_index]  # [B, heads, d]
+        if meta.decode_key_mask is None:
+            # Reads each sequence's K/V in place through its block table (ember_core/kernels).
+            attn = torch.ops.ember.paged_decode_attention(
+                q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+            )
+        else:
+            # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
+            keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+            values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+            attn = F.scaled_dot_product_attention(
+                q.unsqueeze(2), keys, values, attn_mask=meta.decode_key_mask, scale=scale, enable_gqa=gqa
+            ).squeeze(2)
+        out[meta.decode_token_index] = attn
     for p in meta.prefills:
         keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
         values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ember_core.kernels import paged_decode
 from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice
 from ember_core.runner.inputs import SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample
@@ -22,6 +23,8 @@ class ModelRunner:
         self.block_size = block_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        # Decided once, so the kernel is built (or found in the cache) at engine start.
+        self.use_decode_kernel = self.device.type == "cpu" and paged_decode.is_available()
         # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
         for layer in model.modules():
             if isinstance(layer, PagedAttention):
@@ -59,13 +62,17 @@ class ModelRunner:
                 prefills.append(PrefillSlice(token_start, num_tokens, context_len, self._tensor(table[:held])))
         max_blocks = max((len(t) for t in decode_tables), default=0)
         padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
-        key_positions = torch.arange(max_blocks * block_size, device=self.device)
-        key_mask = key_positions.unsqueeze(0) < self._tensor(decode_context_lens).unsqueeze(1)
+        context_lens = torch.tensor(decode_context_lens, dtype=torch.int32, device=self.device)
+        key_mask = None
+        if not self.use_decode_kernel:
+            key_positions = torch.arange(max_blocks * block_size, device=self.device)
+            key_mask = (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(padded), 1, 1, -1)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             decode_token_index=self._tensor(decode_index),
-            decode_block_tables=self._tensor(padded).view(len(padded), max_blocks),
-            decode_key_mask=key_mask.view(len(padded), 1, 1, max_blocks * block_size),
+            decode_block_tables=torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(padded), max_blocks),
+            decode_context_lens=context_lens,
+            decode_key_mask=key_mask,
             prefills=prefills,
         )
         return self._tensor(token_ids), self._tensor(positions), meta

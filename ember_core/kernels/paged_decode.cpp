@@ -1,0 +1,403 @@
+// Decode attention straight out of the paged KV cache: one query token per sequence attends over
+// the first context_len tokens its block table points at. K/V are read in place (no gather copy);
+// scores, softmax and the weighted sum of V are computed in float32.
+//
+// Work item = a span of whole blocks of one sequence, all heads: a block's rows are contiguous
+// ([block_size, kv_heads, head_dim]), so an item streams through memory the way the hardware
+// prefetcher likes. Long contexts are cut into several spans when that is needed to give every
+// thread work; the thread that finishes a sequence's last span merges them with the usual max/sum
+// rescaling. Threads take items from a shared counter, since mixed context lengths make their
+// costs uneven.
+//
+// Within a span: pass 1 computes the scores of all heads chunk by chunk (kRows rows of one block,
+// whose scores fill one vector), a vectorised softmax turns them into weights, pass 2 sums V.
+// Vectors are GCC/Clang vector extensions of 8 floats, one AVX2 register (AVX-512 machines run the
+// same code); loops over the kRows rows of a chunk have constant trip counts, so the row
+// accumulators live in registers.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 8;
+constexpr int64_t kRows = kLanes;  // rows per chunk: their scores are one vector
+using vfloat = float __attribute__((vector_size(kLanes * sizeof(float))));
+using vint = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+using vuint = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using vbf16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+inline vfloat broadcast(float x) { return vfloat{} + x; }
+
+inline vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline vfloat load(const c10::BFloat16* p) {
+  vbf16 h;
+  std::memcpy(&h, p, sizeof(h));
+  return reinterpret_cast<vfloat>(__builtin_convertvector(h, vuint) << 16);
+}
+
+inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+
+// Sums of adjacent pairs, a's and b's interleaved per 128-bit half (vhaddps).
+inline vfloat pair_sums(vfloat a, vfloat b) {
+  return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+// Lane r of the result is the sum of all lanes of v[r].
+inline vfloat transpose_sum(const vfloat (&v)[kRows]) {
+  const vfloat low = pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));
+  const vfloat high = pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]));
+  return __builtin_shufflevector(low, high, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+inline float sum(vfloat v) {
+  float total = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) total += v[i];
+  return total;
+}
+
+inline float max(vfloat v) {
+  float m = v[0];
+  for (int64_t i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// exp for x <= 0 (Cephes' polynomial, relative error ~2e-7) as vector code, since std::exp is a libm
+// call per element. Below -87 the result would leave float's normal range: it is flushed to 0.
+inline vfloat exp_nonpositive(vfloat x) {
+  const vfloat round_magic = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const auto underflow = x < -87.0f;
+  x = underflow ? broadcast(-87.0f) : x;
+  const vfloat shifted = x * 1.44269504088896341f + round_magic;
+  const vfloat n = shifted - round_magic;
+  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vfloat p = broadcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vint exponent = (reinterpret_cast<vint>(shifted) - reinterpret_cast<vint>(round_magic) + 127) << 23;
+  return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);
+}
+
+struct Shapes {
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t block_stride, token_stride;  // in elements, of the K/V caches
+};
+
+// Scores of one query head against a chunk's rows (rows past the chunk's end repeat its first row).
+template <typename T>
+inline vfloat chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim) {
+  vfloat partial[kRows] = {};
+  int64_t d = 0;
+  for (; d + kLanes <= head_dim; d += kLanes) {
+    const vfloat qv = load(q + d);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) partial[r] += qv * load(keys[r] + d);
+  }
+  vfloat scores = transpose_sum(partial);
+  for (; d < head_dim; ++d)
+    for (int64_t r = 0; r < kRows; ++r) scores[r] += q[d] * to_float(keys[r][d]);
+  return scores;
+}
+
+// acc[g] += sum over rows of weights[g][r] * values[r], for every query head g of a group.
+template <typename T>
+inline void accumulate_values(float* acc, const vfloat* weights, const T* const (&values)[kRows],
+                              int64_t group, int64_t head_dim) {
+  int64_t d = 0;
+  for (; d + kLanes <= head_dim; d += kLanes) {
+    vfloat v[kRows];
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) v[r] = load(values[r] + d);
+    for (int64_t g = 0; g < group; ++g) {
+      vfloat a = load(acc + g * head_dim + d);
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < kRows; ++r) a += weights[g * kRows + r] * v[r];
+      store(acc + g * head_dim + d, a);
+    }
+  }
+  for (; d < head_dim; ++d)
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t r = 0; r < kRows; ++r) acc[g * head_dim + d] += weights[g * kRows + r][0] * to_float(values[r][d]);
+}
+
+// Turns a row of scores into exp(score - max) in place; returns the max and the sum.
+inline std::pair<float, float> softmax_weights(float* row, int64_t length) {
+  vfloat vmax = broadcast(-std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + kLanes <= length; t += kLanes) {
+    const vfloat x = load(row + t);
+    vmax = x > vmax ? x : vmax;
+  }
+  float max_score = max(vmax);
+  for (int64_t i = t; i < length; ++i) max_score = std::max(max_score, row[i]);
+  vfloat vsum{};
+  for (t = 0; t + kLanes <= length; t += kLanes) {
+    const vfloat w = exp_nonpositive(load(row + t) - max_score);
+    store(row + t, w);
+    vsum += w;
+  }
+  float total = sum(vsum);
+  for (; t < length; ++t) {
+    row[t] = exp_nonpositive(broadcast(row[t] - max_score))[0];
+    total += row[t];
+  }
+  return {max_score, total};
+}
+
+// Tokens [begin, end) of one sequence's context; begin is at a block boundary.
+struct Span {
+  int64_t sequence, begin, end;
+};
+
+// Per query head of a span: max score, sum of exp(score - max), and the weighted sum of V.
+struct Partial {
+  float* max;  // [num_heads]
+  float* sum;  // [num_heads]
+  float* acc;  // [num_heads, head_dim]
+};
+
+// Per-thread float32 buffers: the scaled query, the scores (then weights) of every head over a
+// span with a vector of slack (a chunk's scores are stored whole), one chunk's weights as
+// broadcast vectors.
+struct Scratch {
+  int64_t score_stride;
+  std::vector<float> query, scores;
+  std::vector<vfloat> weights;
+  Scratch(const Shapes& s, int64_t max_span)
+      : score_stride(max_span + kLanes), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride),
+        weights(s.group * kRows) {}
+};
+
+// The chunk starting at token t: at most kRows rows, never past the span or its block. Offsets
+// of rows past the chunk's end repeat its first row, so every load stays inside the cache.
+struct Chunk {
+  int64_t rows, offsets[kRows];
+};
+
+inline Chunk chunk_at(int64_t t, int64_t end, const int32_t* block_table, const Shapes& s) {
+  const int64_t in_block = t % s.block_size;
+  Chunk chunk;
+  chunk.rows = std::min({kRows, end - t, s.block_size - in_block});
+  const int64_t base = block_table[t / s.block_size] * s.block_stride + in_block * s.token_stride;
+  for (int64_t r = 0; r < kRows; ++r) chunk.offsets[r] = base + (r < chunk.rows ? r : 0) * s.token_stride;
+  return chunk;
+}
+
+template <typename T>
+void attend_span(const T* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
+                 const Span& span, const Shapes& s, float scale, Scratch& scratch, const Partial& result) {
+  const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
+  float* q = scratch.query.data();
+  float* scores = scratch.scores.data();
+  vfloat* weights = scratch.weights.data();
+  for (int64_t i = 0; i < s.num_heads * head_dim; ++i) q[i] = to_float(query[i]) * scale;
+
+  for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
+    const Chunk chunk = chunk_at(t, span.end, block_table, s);
+    rows = chunk.rows;
+    for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
+      const T* keys[kRows];
+      for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * head_dim;
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+        store(scores + h * stride + (t - span.begin), chunk_scores(q + h * head_dim, keys, head_dim));
+    }
+  }
+
+  for (int64_t h = 0; h < s.num_heads; ++h)
+    std::tie(result.max[h], result.sum[h]) = softmax_weights(scores + h * stride, span.end - span.begin);
+
+  std::fill(result.acc, result.acc + s.num_heads * head_dim, 0.0f);
+  for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
+    const Chunk chunk = chunk_at(t, span.end, block_table, s);
+    rows = chunk.rows;
+    for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
+      const T* values[kRows];
+      for (int64_t r = 0; r < kRows; ++r) values[r] = value_cache + chunk.offsets[r] + kv * head_dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* w = scores + (kv * group + g) * stride + (t - span.begin);
+        for (int64_t r = 0; r < kRows; ++r) weights[g * kRows + r] = broadcast(r < rows ? w[r] : 0.0f);
+      }
+      accumulate_values(result.acc + kv * group * head_dim, weights, values, group, head_dim);
+    }
+  }
+}
+
+// Output of one sequence from its spans' partials, rescaled to a common max. `factors` is
+// scratch with room for one float per span.
+template <typename T>
+void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums, const std::vector<float>& accs,
+                 int64_t first_span, int64_t num_spans, const Shapes& s, float* factors, T* out) {
+  const int64_t num_heads = s.num_heads, head_dim = s.head_dim;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < num_spans; ++i) max_score = std::max(max_score, maxes[(first_span + i) * num_heads + h]);
+    float total = 0.0f;
+    for (int64_t i = 0; i < num_spans; ++i) {
+      const int64_t at = (first_span + i) * num_heads + h;
+      factors[i] = std::exp(maxes[at] - max_score);
+      total += sums[at] * factors[i];
+    }
+    for (int64_t i = 0; i < num_spans; ++i) factors[i] /= total;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      float value = 0.0f;
+      for (int64_t i = 0; i < num_spans; ++i) value += accs[((first_span + i) * num_heads + h) * head_dim + d] * factors[i];
+      out[h * head_dim + d] = static_cast<T>(value);
+    }
+  }
+}
+
+template <typename T>
+void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+         const at::Tensor& block_tables, const at::Tensor& context_lens, float scale, at::Tensor& out,
+         const Shapes& s) {
+  const int64_t batch = query.size(0), num_heads = s.num_heads, head_dim = s.head_dim;
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const T* q = query.data_ptr<T>();
+  const T* k = key_cache.data_ptr<T>();
+  const T* v = value_cache.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+
+  // Enough spans for every thread to stay busy while the others finish theirs, but at least
+  // kMinSpanTokens each: a span has a fixed cost (query, softmax, merge).
+  constexpr int64_t kMinSpanTokens = 64, kSpansPerThread = 4;
+  int64_t total_blocks = 0;
+  for (int64_t b = 0; b < batch; ++b) total_blocks += (lens[b] + s.block_size - 1) / s.block_size;
+  const int64_t num_threads = at::get_num_threads();
+  const int64_t span_blocks = std::max((kMinSpanTokens + s.block_size - 1) / s.block_size,
+                                       (total_blocks + num_threads * kSpansPerThread - 1) / (num_threads * kSpansPerThread));
+  const int64_t span_tokens = span_blocks * s.block_size;
+  std::vector<Span> spans;
+  std::vector<int64_t> first_span(batch + 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    first_span[b] = static_cast<int64_t>(spans.size());
+    for (int64_t begin = 0; begin < lens[b]; begin += span_tokens)
+      spans.push_back({b, begin, std::min<int64_t>(begin + span_tokens, lens[b])});
+  }
+  first_span[batch] = static_cast<int64_t>(spans.size());
+  const int64_t num_spans = first_span[batch];
+  std::vector<float> maxes(num_spans * num_heads), sums(num_spans * num_heads), accs(num_spans * num_heads * head_dim);
+
+  // The worker that finishes a sequence's last span writes its output, so no second pass is needed.
+  std::vector<std::atomic<int64_t>> spans_left(batch);
+  int64_t max_spans_per_sequence = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t count = first_span[b + 1] - first_span[b];
+    spans_left[b].store(count, std::memory_order_relaxed);
+    max_spans_per_sequence = std::max(max_spans_per_sequence, count);
+    if (count == 0) std::fill(o + b * num_heads * head_dim, o + (b + 1) * num_heads * head_dim, static_cast<T>(0.0f));
+  }
+
+  std::atomic<int64_t> next_span{0};
+  at::parallel_for(0, std::min(num_threads, num_spans), 1, [&](int64_t, int64_t) {
+    Scratch scratch(s, std::min(span_tokens, static_cast<int64_t>(*std::max_element(lens, lens + batch))));
+    std::vector<float> factors(max_spans_per_sequence);
+    for (int64_t i = next_span++; i < num_spans; i = next_span++) {
+      const int64_t b = spans[i].sequence;
+      const Partial result{&maxes[i * num_heads], &sums[i * num_heads], &accs[i * num_heads * head_dim]};
+      attend_span(q + b * num_heads * head_dim, k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+      if (spans_left[b].fetch_sub(1, std::memory_order_acq_rel) == 1)
+        merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, factors.data(),
+                    o + b * num_heads * head_dim);
+    }
+  });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
+                                  const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3, "paged_decode_attention: query must be [batch, heads, head_dim], got ",
+              query.sizes());
+  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
+              "paged_decode_attention: key_cache and value_cache must both be "
+              "[num_blocks, block_size, kv_heads, head_dim], got ", key_cache.sizes(), " and ",
+              value_cache.sizes());
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "paged_decode_attention: supports float32 and bfloat16, got ", dtype);
+  TORCH_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
+              "paged_decode_attention: query, key_cache and value_cache must share a dtype, got ", dtype,
+              ", ", key_cache.scalar_type(), ", ", value_cache.scalar_type());
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
+              "paged_decode_attention: block_tables and context_lens must be int32, got ",
+              block_tables.scalar_type(), " and ", context_lens.scalar_type());
+  TORCH_CHECK(query.is_cpu() && key_cache.is_cpu() && value_cache.is_cpu() && block_tables.is_cpu() &&
+                  context_lens.is_cpu(),
+              "paged_decode_attention: all tensors must be on the CPU");
+  TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && context_lens.is_contiguous(),
+              "paged_decode_attention: all tensors must be contiguous");
+
+  const int64_t batch = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1);
+  const int64_t num_kv_heads = key_cache.size(2);
+  TORCH_CHECK(key_cache.size(3) == head_dim, "paged_decode_attention: cache head_dim ", key_cache.size(3),
+              " != query head_dim ", head_dim);
+  TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "paged_decode_attention: ", num_heads,
+              " query heads are not a multiple of ", num_kv_heads, " kv heads");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == batch,
+              "paged_decode_attention: block_tables must be [batch, max_blocks], got ", block_tables.sizes());
+  TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == batch,
+              "paged_decode_attention: context_lens must be [batch], got ", context_lens.sizes());
+
+  // A bad block id or length would read outside the cache; checking is O(batch * max_blocks).
+  const int64_t max_blocks = block_tables.size(1);
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * block_size, "paged_decode_attention: context_lens[",
+                b, "] = ", lens[b], " does not fit ", max_blocks, " blocks of ", block_size);
+    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i) {
+      const int32_t block = tables[b * max_blocks + i];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "paged_decode_attention: block_tables[", b, ", ", i,
+                  "] = ", block, " is outside the cache's ", num_blocks, " blocks");
+    }
+  }
+
+  at::Tensor out = at::empty(query.sizes(), query.options());
+  const Shapes shapes{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim, block_size, max_blocks,
+                      block_size * num_kv_heads * head_dim, num_kv_heads * head_dim};
+  const float scale_f = static_cast<float>(scale);
+  if (dtype == at::kFloat)
+    run<float>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  else
+    run<c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ember, m) {
+  m.def(
+      "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
+      "Tensor context_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

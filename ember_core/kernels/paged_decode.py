@@ -1,0 +1,104 @@
+"""Loader for the C++ paged decode-attention kernel (`torch.ops.ember.paged_decode_attention`).
+
+The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
+callers can ask `is_available()` once and fall back to SDPA without paying for a retry per call.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("paged_decode.cpp")
+
+
+class KernelUnavailableError(RuntimeError):
+    """The C++ extension could not be built or loaded on this machine."""
+
+
+def _cpu_tag() -> str:
+    # The build uses -march=native, and torch_extensions caches by name: a home directory shared
+    # with a machine of another CPU must not load this one's binary, so the name carries its flags.
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return hashlib.sha1((flags or platform.processor()).encode()).hexdigest()[:10]
+
+
+def _put_venv_ninja_on_path() -> None:
+    # cpp_extension runs `ninja` from PATH; pip installs it next to the interpreter, which is not on
+    # PATH when the venv's python is run without activating the venv (as `make test` does).
+    interpreter_dir = Path(sys.executable).parent
+    if shutil.which("ninja") is None and (interpreter_dir / "ninja").exists():
+        os.environ["PATH"] = f"{interpreter_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+
+    _put_venv_ninja_on_path()
+    cpp_extension.load(
+        name=f"ember_paged_decode_{_cpu_tag()}",
+        sources=[str(_SOURCE)],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+    )
+
+
+def _fake(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
+@functools.cache
+def _load() -> Exception | None:
+    try:
+        _build()
+        torch.library.register_fake("ember::paged_decode_attention")(_fake)
+    except Exception as error:  # noqa: BLE001 - any build or load failure means "use the fallback"
+        return error
+    return None
+
+
+def is_available() -> bool:
+    """Build the extension on first call; True when the op can be used in this process."""
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why the extension could not be built or loaded (None when it is available)."""
+    error = _load()
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [batch, num_heads, head_dim], contiguous
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [batch, max_blocks] int32
+    context_lens: torch.Tensor,  # [batch] int32; 0 gives a zero output row
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged K/V; returns [batch, num_heads, head_dim]."""
+    error = _load()
+    if error is not None:
+        raise KernelUnavailableError(
+            f"the paged decode-attention extension could not be built: {unavailable_reason()}"
+        ) from error
+    return torch.ops.ember.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
