@@ -66,7 +66,7 @@ class ModelRunner:
         key_mask = None
         if not self.use_decode_kernel:
             key_positions = torch.arange(max_blocks * block_size, device=self.device)
-            key_mask = (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(padded), 1, 1, -1)
+            key_mask = (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(padded), 1, 1, max_blocks * block_size)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             decode_token_index=self._tensor(decode_index),
