@@ -22,6 +22,7 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.tokenizer import Tokenizer
 from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from tests.reference import ember_prompt_logits, reference_logits
+from tests.test_llama_hf import LLAMA3_ROPE
 
 CPU = torch.device("cpu")
 PAD_ID = 2  # <|im_end|>, as in the file
@@ -267,14 +268,7 @@ def test_dequantize_every_type(tmp_path: Path) -> None:
 
 # --- a GGUF file written here --------------------------------------------------------------------
 
-SYNTHETIC_LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 10000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
+SYNTHETIC_LLAMA3_ROPE = LLAMA3_ROPE
 # Tensor types by HF name suffix; Q8_0 needs rows of 32-multiples.
 SYNTHETIC_TYPES = {
     "embed_tokens.weight": Q.Q8_0,
