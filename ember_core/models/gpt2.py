@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.layers.attention import AttentionMetadata, PagedAttention
+from ember_core.layers.linear import tied_head
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -98,6 +99,7 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.lm_head = tied_head(self.wte)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.wte(input_ids) + self.wpe(positions)
@@ -106,10 +108,11 @@ class GPT2(nn.Module):
         return self.ln_f(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.wte.weight.t()
+        return self.lm_head(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """HF GPT-2 names, with or without the `transformer.` prefix; Conv1D weights are [in, out]."""
+        self.lm_head.weight = self.wte.weight  # `to_empty` gave the head its own tensor
         params = dict(self.named_parameters())
         renames = {"attn.c_proj": "attn_proj", "mlp.c_proj": "mlp_proj", "attn.c_attn": "c_attn", "mlp.c_fc": "c_fc"}
         loaded: set[str] = set()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.layers.attention import AttentionMetadata, PagedAttention
+from ember_core.layers.linear import tied_head
 from ember_core.models.rotary import RopeScaling, apply_rope, rope_cos_sin, rope_inv_freq
 
 IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # saved by old transformers versions; recomputed here
@@ -146,7 +147,10 @@ class Llama(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head = tied_head(self.embed_tokens)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Filled by load_weights: a model built on the meta device keeps only what it loads.
         self.register_buffer("inv_freq", torch.empty(config.head_dim // 2, dtype=torch.float32), persistent=False)
 
@@ -158,8 +162,6 @@ class Llama(nn.Module):
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None:
-            return hidden @ self.embed_tokens.weight.t()
         return self.lm_head(hidden)
 
     def _fused_shards(self) -> dict[str, list[tuple[str, int]]]:
@@ -193,11 +195,13 @@ class Llama(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """HF Llama names (`model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight  # `to_empty` gave the head its own tensor
         slots = self._weight_slots()
         loaded: set[str] = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")
-            if name.endswith(IGNORED_WEIGHTS) or (name == "lm_head.weight" and self.lm_head is None):
+            if name.endswith(IGNORED_WEIGHTS) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
                 continue  # a tied head saved anyway is the embedding again
             if name not in slots:
                 raise ValueError(f"unexpected Llama weight {name!r}")

@@ -7,6 +7,7 @@ from torch import nn
 
 from ember_core.kernels import paged_decode
 from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice
+from ember_core.layers.linear import pack_linears
 from ember_core.runner.inputs import SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample
 
@@ -19,6 +20,7 @@ def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dty
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int) -> None:
+        pack_linears(model)
         self.model = model
         self.block_size = block_size
         param = next(model.parameters())
