@@ -35,7 +35,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
     logits = logits.float()
-    num_rows, vocab_size = logits.shape
+    vocab_size = logits.shape[1]
     device = logits.device
     for row, req in enumerate(requests):
         if req.banned_token_ids:

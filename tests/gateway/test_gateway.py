@@ -282,7 +282,7 @@ async def test_request_timeout(fake_engine: FakeEngine, start_gateway: StartGate
 async def test_engine_rejection_becomes_the_http_status(gateway: Gateway, fake_engine: FakeEngine, code: int):
     fake_engine.reject_code = code
     status, body = await gateway.post("/v1/completions", completion(stream=True))
-    assert_openai_error(status, body, code)["message"] == "rejected by the fake engine"
+    assert assert_openai_error(status, body, code)["message"] == "rejected by the fake engine"
     if code == 503:  # the gateway said Hello again and got Ready back
         await wait_until_async(lambda: fake_engine.hellos >= 2 and gateway.client.ready, 5.0, "ready again")
     fake_engine.reject_code = None
