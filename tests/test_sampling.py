@@ -87,3 +87,27 @@ def test_stop_token_ids_min_tokens_and_eos(gpt2_llm) -> None:
     assert stop_at not in held.token_ids[: first + 2]
     assert len(held.token_ids) >= first + 2
     assert_pool_free(gpt2_llm)
+
+
+def test_seeded_rows_draw_the_same_tokens_in_any_batch_position() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 1000)
+    requests = [
+        SamplingRequest(SamplingParams(seed=7, temperature=1.0), 3),
+        SamplingRequest(SamplingParams(temperature=1.0), 0),
+        SamplingRequest(SamplingParams(seed=2**62 + 5, temperature=0.7, top_p=0.9), 11),
+        SamplingRequest(SamplingParams(seed=-3, temperature=1.3, top_k=50), 0),
+    ]
+    batched = [t.token_id for t in sample(logits.clone(), requests)]
+    for row in (0, 2, 3):
+        assert sample(logits[row : row + 1].clone(), [requests[row]])[0].token_id == batched[row]
+    reversed_batch = sample(logits.flip(0).clone(), requests[::-1])
+    assert [reversed_batch[3 - row].token_id for row in (0, 2, 3)] == [batched[row] for row in (0, 2, 3)]
+
+
+def test_a_nucleus_wider_than_the_candidate_window_is_sampled_whole() -> None:
+    # Nearly flat over 3000 tokens, most likely first: top_p=0.5 keeps about the first 1500.
+    logits = [-i * 1e-4 for i in range(3000)]
+    draws = _draws(logits, SamplingParams(top_p=0.5, seed=3), 300)
+    assert max(draws) >= 1024  # beyond the top-1024 window that a narrow nucleus is looked up in
+    assert max(draws) < 1600

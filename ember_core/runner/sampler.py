@@ -1,8 +1,10 @@
 """Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
 
-Random rows use the exponential race (argmax of p / Exp(1) noise), which samples exactly from p.
-A seeded request draws its noise from a generator keyed by (seed, output index), so its tokens do
-not depend on what else is in the batch or on preemption.
+A random row draws one uniform number u and takes the token where the cumulative probability
+(over the vocabulary, or over its top-k / top-p candidates sorted by probability) first reaches
+u: one softmax and one cumulative sum for the whole batch. A seeded request's u is a hash of
+(seed, output index), so its tokens do not depend on what else is in the batch or on preemption;
+the others' come from torch's generator.
 """
 
 from __future__ import annotations
@@ -10,51 +12,89 @@ from __future__ import annotations
 import torch
 
 from ember_core.runner.inputs import SampledToken, SamplingRequest
+from ember_core.sampling_params import SamplingParams
 
-_SEED_MIX = 0x9E3779B97F4A7C15
-
-
-def _seeded_noise(seed: int, output_index: int, vocab_size: int, device: torch.device) -> torch.Tensor:
-    generator = torch.Generator(device=device)
-    generator.manual_seed((seed * _SEED_MIX + output_index) % (1 << 63))
-    return torch.empty(vocab_size, device=device).exponential_(generator=generator)
+_MASK64 = (1 << 64) - 1
+# top-k / top-p rows look for their candidates among this many most likely tokens first; only a
+# row whose nucleus is wider than that sorts the whole vocabulary.
+_CANDIDATES = 1024
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens outside the top-k and outside the smallest set whose mass reaches top_p."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-    remove = ranks >= top_k.unsqueeze(1)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    remove |= mass_before >= top_p.unsqueeze(1)
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _uniforms(requests: list[SamplingRequest], device: torch.device) -> torch.Tensor:
+    """One float64 in (0, 1) per row."""
+    fresh = iter(torch.rand(len(requests), dtype=torch.float64).tolist())
+    values = [
+        ((_splitmix64(_splitmix64(req.params.seed) ^ req.output_index) >> 11) + 0.5) * 2.0**-53
+        if req.params.seed is not None
+        else next(fresh)
+        for req in requests
+    ]
+    return torch.tensor(values, dtype=torch.float64, device=device).clamp_(min=2.0**-60)
+
+
+def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index of the first column whose cumulative probability reaches u x the row's total (never a zero)."""
+    cdf = probs.double().cumsum(dim=-1)
+    targets = (uniforms * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, targets).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+def _nucleus(probs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-k / top-p candidates, most likely first: (probabilities, zero outside; token ids)."""
+    vocab_size = probs.shape[1]
+    top_k = [p.top_k or vocab_size for p in params]
+    width = min(max(top_k), _CANDIDATES)
+    values, ids = probs.topk(width, dim=-1)
+    if width < max(top_k):
+        mass = values.sum(dim=-1).tolist()
+        if any(k > width and m < p.top_p for k, m, p in zip(top_k, mass, params)):
+            values, ids = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(values.shape[1], device=probs.device).unsqueeze(0)
+    remove = ranks >= torch.tensor(top_k, device=probs.device).unsqueeze(1)
+    mass_before = values.cumsum(dim=-1) - values
+    remove |= mass_before >= torch.tensor([p.top_p for p in params], device=probs.device).unsqueeze(1)
     remove[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return values.masked_fill(remove, 0.0), ids
+
+
+def _select(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """tensor[rows] without the copy when rows is every row in order."""
+    return tensor if rows == list(range(tensor.shape[0])) else tensor[rows]
+
+
+def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch.Tensor:
+    params = [req.params for req in requests]
+    temperatures = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
+    probs = (logits / temperatures).softmax(dim=-1)
+    uniforms = _uniforms(requests, logits.device)
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    filtered = [i for i, p in enumerate(params) if p.top_k or p.top_p < 1]
+    plain = sorted(set(range(len(params))) - set(filtered))
+    if plain:
+        token_ids[plain] = _draw(_select(probs, plain), uniforms[plain])
+    if filtered:
+        values, ids = _nucleus(_select(probs, filtered), [params[i] for i in filtered])
+        token_ids[filtered] = ids.gather(1, _draw(values, uniforms[filtered]).unsqueeze(1)).squeeze(1)
+    return token_ids
 
 
 def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
     logits = logits.float()
-    vocab_size = logits.shape[1]
-    device = logits.device
-    for row, req in enumerate(requests):
-        if req.banned_token_ids:
-            logits[row, list(req.banned_token_ids)] = float("-inf")
+    banned = [(row, token) for row, req in enumerate(requests) for token in req.banned_token_ids]
+    if banned:
+        rows, tokens = zip(*banned)
+        logits[list(rows), list(tokens)] = float("-inf")
     token_ids = logits.argmax(dim=-1)
     random_rows = [row for row, req in enumerate(requests) if not req.params.greedy]
     if random_rows:
-        params = [requests[row].params for row in random_rows]
-        scaled = logits[random_rows] / torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
-        if any(p.top_k or p.top_p < 1 for p in params):
-            top_k = torch.tensor([p.top_k or vocab_size for p in params], device=device)
-            top_p = torch.tensor([p.top_p for p in params], device=device)
-            scaled = _apply_top_k_top_p(scaled, top_k, top_p)
-        noise = torch.empty(len(random_rows), vocab_size, device=device).exponential_()
-        for i, row in enumerate(random_rows):
-            seed = requests[row].params.seed
-            if seed is not None:
-                noise[i] = _seeded_noise(seed, requests[row].output_index, vocab_size, device)
-        token_ids[random_rows] = (scaled.softmax(dim=-1) / noise).argmax(dim=-1)
+        token_ids[random_rows] = _sample_rows(_select(logits, random_rows), [requests[row] for row in random_rows])
     return _with_logprobs(logits, token_ids, requests)
 
 
