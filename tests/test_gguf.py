@@ -208,9 +208,7 @@ def test_file_tensors_dequantized_into_the_right_parameters(
     decode: object,
 ) -> None:
     tensor = raw_tensors[gguf_name]
-    # Read through the module, so a weight the runner packed for oneDNN is compared as served.
-    module_path, attribute = weight.rsplit(".", 1)
-    loaded = getattr(llm.engine.runner.model.get_submodule(module_path), attribute).detach()[rows]
+    loaded = llm.engine.runner.model.get_parameter(weight).detach()[rows]
     shape = tuple(reversed(tensor.shape.tolist()))
     expected = torch.tensor(gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape))
     assert torch.equal(loaded, expected)

@@ -64,9 +64,9 @@ def test_chunked_prefill_does_not_change_tokens(gpt2_dir, expected, chunk) -> No
 
 
 def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expected, monkeypatch) -> None:
-    from ember_core.kernels import paged_decode
+    from ember_core.kernels import cpu_ops
 
-    monkeypatch.setattr(paged_decode, "is_available", lambda: False)
+    monkeypatch.setattr(cpu_ops, "is_available", lambda: False)
     llm = make_llm(gpt2_dir)
     assert not llm.engine.runner.use_decode_kernel
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected

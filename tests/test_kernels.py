@@ -10,17 +10,17 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from ember_core.kernels import paged_decode
+from ember_core.kernels import cpu_ops
 
 
 @pytest.fixture(scope="module")
 def kernel() -> None:
     """Builds the extension once (JIT, cached on disk). Without a toolchain the tests skip (callers
     fall back to SDPA); with one, a failed build is a failure."""
-    if not paged_decode.is_available():
+    if not cpu_ops.is_available():
         if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ compiler or ninja: {paged_decode.unavailable_reason()}")
-        pytest.fail(f"the extension did not build: {paged_decode.unavailable_reason()}")
+            pytest.skip(f"no C++ compiler or ninja: {cpu_ops.unavailable_reason()}")
+        pytest.fail(f"the extension did not build: {cpu_ops.unavailable_reason()}")
 
 
 @dataclass
@@ -84,7 +84,7 @@ def reference(case: Case) -> torch.Tensor:
 
 
 def run_kernel(case: Case) -> torch.Tensor:
-    return paged_decode.paged_decode_attention(
+    return cpu_ops.paged_decode_attention(
         case.query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, case.scale
     )
 
@@ -132,7 +132,7 @@ def test_zero_length_context_gives_zeros(kernel: None) -> None:
 
 def test_empty_batch(kernel: None) -> None:
     case = make_case([5], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
-    out = paged_decode.paged_decode_attention(
+    out = cpu_ops.paged_decode_attention(
         case.query[:0], case.key_cache, case.value_cache, case.block_tables[:0], case.context_lens[:0], case.scale
     )
     assert out.shape == (0, 9, 64)
@@ -200,14 +200,14 @@ def test_unbuildable_extension_falls_back_cleanly(monkeypatch: pytest.MonkeyPatc
         attempts.append(1)
         raise OSError("no C++ compiler found")
 
-    monkeypatch.setattr(paged_decode, "_build", broken_build)
+    monkeypatch.setattr(cpu_ops, "_build", broken_build)
     # A fresh memo of the build attempt, as in a process that has not tried yet.
-    monkeypatch.setattr(paged_decode, "_load", functools.cache(paged_decode._load.__wrapped__))
+    monkeypatch.setattr(cpu_ops, "_load", functools.cache(cpu_ops._load.__wrapped__))
     case = make_case([5], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
 
-    assert not paged_decode.is_available()
-    assert "no C++ compiler found" in paged_decode.unavailable_reason()
-    with pytest.raises(paged_decode.KernelUnavailableError, match="could not be built: OSError: no C"):
+    assert not cpu_ops.is_available()
+    assert "no C++ compiler found" in cpu_ops.unavailable_reason()
+    with pytest.raises(cpu_ops.KernelUnavailableError, match="could not be built: OSError: no C"):
         run_kernel(case)
-    assert not paged_decode.is_available()
+    assert not cpu_ops.is_available()
     assert attempts == [1]  # remembered, not retried per call

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ember_core.kernels import paged_decode
+from ember_core.kernels import cpu_ops
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM**-0.5
@@ -112,8 +112,8 @@ def candidates(compiled_gather_sdpa: Callable | None, per_sequence: bool) -> dic
         found["compiled gather+SDPA"] = lambda s, i: compiled_gather_sdpa(
             s.query, s.key_caches[i], s.value_caches[i], s.block_tables, s.key_mask
         )
-    if paged_decode.is_available():
-        found["C++ kernel"] = lambda s, i: paged_decode.paged_decode_attention(
+    if cpu_ops.is_available():
+        found["C++ kernel"] = lambda s, i: cpu_ops.paged_decode_attention(
             s.query, s.key_caches[i], s.value_caches[i], s.block_tables_int32, s.context_lens, SCALE
         )
     return found
@@ -153,10 +153,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     start = time.perf_counter()
-    available = paged_decode.is_available()
+    available = cpu_ops.is_available()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
     print(
-        f"C++ kernel: {'built/loaded' if available else paged_decode.unavailable_reason()} in {time.perf_counter() - start:.1f} s"
+        f"C++ kernel: {'built/loaded' if available else cpu_ops.unavailable_reason()} in {time.perf_counter() - start:.1f} s"
     )
     print(f"{args.layers} layers, contexts uniform in [{args.min_context}, {args.max_context}], {args.repeats} repeats")
     print()

@@ -1,22 +1,23 @@
-"""Linear layers for serving: the tied output head, and CPU weights pre-packed for oneDNN.
+"""Linear layers for serving: the tied output head, and a CPU path for decode-sized batches.
 
-On CPU, `F.linear` hands each call to MKL's sgemm, which repacks the whole weight matrix on every
-call; at decode batch sizes (1-64 rows) that repacking costs more than the product itself. oneDNN
-can reorder a weight once into its blocked layout and reuse it for any number of rows: on a 2-core
-AVX2 machine this made the SmolLM2 layer matmuls 1.6x and its 49152 x 576 LM head 2.7x faster
-at batch 16 (docs/benchmarks.md). torch uses the same two ops for frozen linears under
-`torch.compile`; they are private, so packing falls back to plain `nn.Linear` wherever they are
-missing or refuse the weight.
+On CPU, `F.linear` hands every call to BLAS sgemm, which repacks the whole weight matrix each
+time; at decode batch sizes that costs more than the product. `SmallBatchLinear` sends batches of
+up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight once, in place
+(kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
+holding the same parameters: no copy, a tied head still shares the embedding.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from ember_core.kernels import cpu_ops
+
+# Up to here the C++ kernel beat MKL sgemm for the SmolLM2 shapes on a 2-core AVX2 machine
+# (docs/benchmarks.md); beyond, GEMM's blocking wins.
+SMALL_BATCH_ROWS = 64
 
 
 def tied_head(embedding: nn.Embedding) -> nn.Linear:
@@ -26,57 +27,33 @@ def tied_head(embedding: nn.Embedding) -> nn.Linear:
     return head
 
 
-class PackedLinear(nn.Module):
-    """`nn.Linear` whose weight oneDNN reordered once into its blocked layout (CPU only)."""
+class SmallBatchLinear(nn.Linear):
+    """`nn.Linear` (CPU, float32) that runs batches of at most SMALL_BATCH_ROWS rows on ember's kernel."""
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None), persistent=False)
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+    @classmethod
+    def sharing(cls, linear: nn.Linear) -> SmallBatchLinear:
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """A plain [out_features, in_features] copy of the weight, for inspection."""
-        return self.packed_weight.to_dense()
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            return torch.ops.ember.small_batch_linear(x.contiguous(), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
-def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-def pack_linears(model: nn.Module) -> int:
-    """Replace every `nn.Linear` of a CPU model by a `PackedLinear`; returns how many were packed.
-
-    A tied head gets its own packed copy; the embedding keeps the plain weight for its lookups.
-    """
+def use_small_batch_linears(model: nn.Module) -> int:
+    """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
+    are available; returns how many were swapped."""
     param = next(model.parameters())
-    if not can_pack(param.device, param.dtype):
+    if param.device.type != "cpu" or param.dtype != torch.float32 or not cpu_ops.is_available():
         return 0
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
+        if type(child) is nn.Linear
     ]
-    for count, (parent, name, child) in enumerate(targets):
-        try:
-            setattr(parent, name, PackedLinear(child))
-        except RuntimeError as error:  # the layers packed so far and the plain ones compute the same
-            logger.warning("oneDNN weight packing failed, keeping plain linear layers: %s", error)
-            return count
+    for parent, name, child in targets:
+        setattr(parent, name, SmallBatchLinear.sharing(child))
     return len(targets)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember_core.kernels import paged_decode
+from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice
-from ember_core.layers.linear import pack_linears
+from ember_core.layers.linear import use_small_batch_linears
 from ember_core.runner.inputs import SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample
 
@@ -20,13 +20,13 @@ def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dty
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int) -> None:
-        pack_linears(model)
+        use_small_batch_linears(model)
         self.model = model
         self.block_size = block_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         # Decided once, so the kernel is built (or found in the cache) at engine start.
-        self.use_decode_kernel = self.device.type == "cpu" and paged_decode.is_available()
+        self.use_decode_kernel = self.device.type == "cpu" and cpu_ops.is_available()
         # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
         for layer in model.modules():
             if isinstance(layer, PagedAttention):

@@ -1,7 +1,10 @@
-"""Loader for the C++ paged decode-attention kernel (`torch.ops.ember.paged_decode_attention`).
+"""Loader for ember's C++ CPU ops, one extension built from the .cpp files next to this one:
+`torch.ops.ember.paged_decode_attention` (paged_decode.cpp) and `torch.ops.ember.small_batch_linear`
+(small_batch_linear.cpp).
 
 The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
-callers can ask `is_available()` once and fall back to SDPA without paying for a retry per call.
+callers can ask `is_available()` once and fall back to SDPA / torch's GEMM without paying for a
+retry per call.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("paged_decode.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "small_batch_linear.cpp")]
 
 
 class KernelUnavailableError(RuntimeError):
@@ -47,8 +50,8 @@ def _build() -> None:
 
     _put_venv_ninja_on_path()
     cpp_extension.load(
-        name=f"ember_paged_decode_{_cpu_tag()}",
-        sources=[str(_SOURCE)],
+        name=f"ember_cpu_ops_{_cpu_tag()}",
+        sources=[str(source) for source in _SOURCES],
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
@@ -99,6 +102,6 @@ def paged_decode_attention(
     error = _load()
     if error is not None:
         raise KernelUnavailableError(
-            f"the paged decode-attention extension could not be built: {unavailable_reason()}"
+            f"ember's C++ CPU ops could not be built: {unavailable_reason()}"
         ) from error
     return torch.ops.ember.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
