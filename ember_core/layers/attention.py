@@ -38,6 +38,27 @@ class AttentionMetadata:
         return self.decode_token_index.numel()
 
 
+def _decode_attention(
+    q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    if meta.decode_key_mask is None:
+        # Reads each sequence's K/V in place through its block table (ember_core/kernels).
+        return torch.ops.ember.paged_decode_attention(
+            q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        )
+    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
+    keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+    values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+    return F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=meta.decode_key_mask, scale=scale,
+        enable_gqa=key_cache.shape[2] != q.shape[1],
+    ).squeeze(2)
+
+
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -45,25 +66,12 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
+    if not meta.prefills:  # every token is the decode of its own sequence, in batch order
+        return _decode_attention(query.contiguous(), key_cache, value_cache, meta, scale)
     out = torch.empty_like(query)
-    num_heads = query.shape[1]
-    num_kv_heads = key_cache.shape[2]
-    gqa = num_kv_heads != num_heads
+    gqa = key_cache.shape[2] != query.shape[1]
     if meta.num_decodes:
-        q = query[meta.decode_token_index]  # [B, heads, d]
-        if meta.decode_key_mask is None:
-            # Reads each sequence's K/V in place through its block table (ember_core/kernels).
-            attn = torch.ops.ember.paged_decode_attention(
-                q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
-            )
-        else:
-            # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
-            keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-            values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-            attn = F.scaled_dot_product_attention(
-                q.unsqueeze(2), keys, values, attn_mask=meta.decode_key_mask, scale=scale, enable_gqa=gqa
-            ).squeeze(2)
-        out[meta.decode_token_index] = attn
+        out[meta.decode_token_index] = _decode_attention(query[meta.decode_token_index], key_cache, value_cache, meta, scale)
     for p in meta.prefills:
         keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
         values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)

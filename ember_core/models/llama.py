@@ -90,6 +90,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in float32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 and cast back before the weight, as transformers does, so fp16/bf16 agree.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -103,17 +105,19 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
+        self.q_size, self.kv_size = q_size, kv_size
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias)
         self.attn = PagedAttention(config.num_heads, config.num_kv_heads, config.head_dim)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        return self.o_proj(self.attn(q.flatten(1), k.flatten(1), v, meta))
+        qkv = self.qkv_proj(hidden)
+        q_and_k, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        # One rotation for the query and key heads together.
+        q_and_k = apply_rope(q_and_k.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = q_and_k.flatten(1).split([self.q_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(q, k, v, meta))
 
 
 class LlamaMLP(nn.Module):
