@@ -95,11 +95,18 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   if (m == 0 || n == 0) return y;
   const Problem p{x.data_ptr<float>(), weight.data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                   y.data_ptr<float>(), m, n, k};
-  const int64_t full_tiles = n / kTileRows;
-  at::parallel_for(0, full_tiles, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) rows_against_all_of_x<kTileRows>(p, tile * kTileRows);
+  // One x row leaves registers for twice as many weight rows: more streams in flight per thread.
+  const int64_t tile_rows = m == 1 ? 2 * kTileRows : kTileRows;
+  const int64_t full_tiles = n / tile_rows;
+  at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      if (m == 1)
+        dot_tile<1, 2 * kTileRows>(p, 0, tile * tile_rows);
+      else
+        rows_against_all_of_x<kTileRows>(p, tile * tile_rows);
+    }
   });
-  for (int64_t row = full_tiles * kTileRows; row < n; ++row) rows_against_all_of_x<1>(p, row);
+  for (int64_t row = full_tiles * tile_rows; row < n; ++row) rows_against_all_of_x<1>(p, row);
   return y;
 }
 
