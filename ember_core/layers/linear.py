@@ -16,8 +16,8 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 
 # Up to here the C++ kernel beat MKL sgemm for the SmolLM2 shapes on a 2-core AVX2 machine
-# (docs/benchmarks.md); beyond, GEMM's blocking wins.
-SMALL_BATCH_ROWS = 64
+# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md); at 64 rows sgemm won.
+SMALL_BATCH_ROWS = 32
 
 
 def tied_head(embedding: nn.Embedding) -> nn.Linear:
