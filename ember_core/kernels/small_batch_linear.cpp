@@ -44,14 +44,18 @@ struct Problem {
 };
 
 // Rows [row, row + Rows) of W against rows [xrow, xrow + XRows) of x: Rows * XRows register accumulators.
+// `next`, when set, is the next tile's first row: its Rows rows are prefetched a cache line per row
+// every other step, so the next tile streams in while this one computes.
 template <int64_t XRows, int64_t Rows>
-inline void dot_tile(const Problem& p, int64_t xrow, int64_t row) {
+inline void dot_tile(const Problem& p, int64_t xrow, int64_t row, const float* next = nullptr) {
   const int64_t k = p.k;
   const float* x = p.x + xrow * k;
   const float* w = p.w + row * k;
   vfloat acc[XRows][Rows] = {};
   int64_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
+    if (next != nullptr && i % (2 * kLanes) == 0)
+      for (int64_t r = 0; r < Rows; ++r) __builtin_prefetch(next + r * k + i);
     vfloat xv[XRows];
     for (int64_t a = 0; a < XRows; ++a) xv[a] = load(x + a * k + i);
     for (int64_t r = 0; r < Rows; ++r) {
@@ -70,8 +74,12 @@ inline void dot_tile(const Problem& p, int64_t xrow, int64_t row) {
 }
 
 template <int64_t Rows>
-inline void rows_against_all_of_x(const Problem& p, int64_t row) {
+inline void rows_against_all_of_x(const Problem& p, int64_t row, const float* next) {
   int64_t xrow = 0;
+  if (xrow + 3 <= p.m) {
+    dot_tile<3, Rows>(p, xrow, row, next);
+    xrow += 3;
+  }
   for (; xrow + 3 <= p.m; xrow += 3) dot_tile<3, Rows>(p, xrow, row);
   for (; xrow + 2 <= p.m; xrow += 2) dot_tile<2, Rows>(p, xrow, row);
   for (; xrow < p.m; ++xrow) dot_tile<1, Rows>(p, xrow, row);
@@ -98,15 +106,16 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   // One x row leaves registers for twice as many weight rows: more streams in flight per thread.
   const int64_t tile_rows = m == 1 ? 2 * kTileRows : kTileRows;
   const int64_t full_tiles = n / tile_rows;
+  const auto next_tile = [&](int64_t tile) { return tile + 1 < full_tiles ? p.w + (tile + 1) * tile_rows * k : nullptr; };
   at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       if (m == 1)
-        dot_tile<1, 2 * kTileRows>(p, 0, tile * tile_rows);
+        dot_tile<1, 2 * kTileRows>(p, 0, tile * tile_rows, next_tile(tile));
       else
-        rows_against_all_of_x<kTileRows>(p, tile * tile_rows);
+        rows_against_all_of_x<kTileRows>(p, tile * tile_rows, next_tile(tile));
     }
   });
-  for (int64_t row = full_tiles * tile_rows; row < n; ++row) rows_against_all_of_x<1>(p, row);
+  for (int64_t row = full_tiles * tile_rows; row < n; ++row) rows_against_all_of_x<1>(p, row, nullptr);
   return y;
 }
 
