@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 namespace {
 
@@ -75,14 +76,11 @@ inline void dot_tile(const Problem& p, int64_t xrow, int64_t row, const float* n
 
 template <int64_t Rows>
 inline void rows_against_all_of_x(const Problem& p, int64_t row, const float* next) {
+  // The first pass over the tile prefetches the next one.
   int64_t xrow = 0;
-  if (xrow + 3 <= p.m) {
-    dot_tile<3, Rows>(p, xrow, row, next);
-    xrow += 3;
-  }
-  for (; xrow + 3 <= p.m; xrow += 3) dot_tile<3, Rows>(p, xrow, row);
-  for (; xrow + 2 <= p.m; xrow += 2) dot_tile<2, Rows>(p, xrow, row);
-  for (; xrow < p.m; ++xrow) dot_tile<1, Rows>(p, xrow, row);
+  for (; xrow + 3 <= p.m; xrow += 3) dot_tile<3, Rows>(p, xrow, row, std::exchange(next, nullptr));
+  for (; xrow + 2 <= p.m; xrow += 2) dot_tile<2, Rows>(p, xrow, row, std::exchange(next, nullptr));
+  for (; xrow < p.m; ++xrow) dot_tile<1, Rows>(p, xrow, row, std::exchange(next, nullptr));
 }
 
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
