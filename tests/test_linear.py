@@ -1,13 +1,22 @@
-"""The small-batch C++ linear kernel against F.linear, and where the runner uses it."""
+"""The small-batch C++ linear kernels (float32 weights, GGUF blocks) against F.linear and gguf-py, and where the runner uses them."""
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ember_core.layers.linear import SMALL_BATCH_ROWS, SmallBatchLinear, tied_head, use_small_batch_linears
+from ember_core.layers.linear import (
+    GGUF_BLOCK_FORMATS,
+    SMALL_BATCH_ROWS,
+    GGUFBlockLinear,
+    SmallBatchLinear,
+    tied_head,
+    use_small_batch_linears,
+)
 from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 
@@ -28,9 +37,11 @@ def test_kernel_computes_what_f_linear_computes(rows: int, in_features: int, out
 
 @pytest.mark.usefixtures("kernel")
 def test_kernel_rejects_what_it_cannot_compute() -> None:
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="weight must be a contiguous float32 CPU tensor"):
         torch.ops.ember.small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8, dtype=torch.float64), None)
-    with pytest.raises(RuntimeError, match="must be \\[m, k\\] and weight \\[n, k\\]"):
+    with pytest.raises(RuntimeError, match="x must be a contiguous float32 CPU tensor"):
+        torch.ops.ember.small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8), None)
+    with pytest.raises(RuntimeError, match="x must be \\[m, 9\\]"):
         torch.ops.ember.small_batch_linear(torch.ones(2, 8), torch.ones(4, 9), None)
     with pytest.raises(RuntimeError, match="bias must be"):
         torch.ops.ember.small_batch_linear(torch.ones(2, 8), torch.ones(4, 8), torch.ones(5))
@@ -78,3 +89,65 @@ def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], 
     assert row.startswith("batch    2")
     for name in bench_linear.candidates():
         assert f"{name}:" in row
+
+
+# --- GGUF blocks --------------------------------------------------------------------------------
+
+BLOCK_KINDS = [gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0]
+
+
+def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """gguf-py's blocks of a random weight, and gguf-py's float32 values of them."""
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)).numpy()
+    blocks = gguf.quants.quantize(weight, kind)
+    values = np.asarray(gguf.quants.dequantize(blocks, kind), dtype=np.float32).reshape(out_features, in_features)
+    return torch.from_numpy(blocks), torch.from_numpy(values)
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize(("out_features", "in_features"), [(37, 96), (8, 32), (3, 576)])
+def test_blocks_expand_to_exactly_gguf_py_values(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int) -> None:
+    blocks, values = _blocks(kind, out_features, in_features, seed=out_features)
+    assert torch.equal(torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], in_features), values)
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 16, SMALL_BATCH_ROWS])
+@pytest.mark.parametrize("bias", [True, False])
+def test_block_kernel_is_bit_identical_to_the_float32_kernel(kind: gguf.GGMLQuantizationType, rows: int, bias: bool) -> None:
+    blocks, values = _blocks(kind, 45, 160, seed=rows)  # 45 rows: whole tiles of 4 and 8 plus a remainder
+    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(7))
+    b = torch.randn(45) if bias else None
+    actual = torch.ops.ember.gguf_block_linear(x, blocks, b, GGUF_BLOCK_FORMATS[kind], 160)
+    assert torch.equal(actual, torch.ops.ember.small_batch_linear(x, values, b))
+
+
+@pytest.mark.usefixtures("kernel")
+def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
+    blocks, values = _blocks(gguf.GGMLQuantizationType.Q4_1, 24, 64, seed=3)
+    bias = nn.Parameter(torch.randn(24))
+    layer = GGUFBlockLinear(blocks, gguf.GGMLQuantizationType.Q4_1, 64, bias)
+    reference = SmallBatchLinear(64, 24)
+    with torch.no_grad():
+        reference.weight.copy_(values)
+        reference.bias.copy_(bias)
+    assert (layer.in_features, layer.out_features) == (64, 24) and "Q4_1 blocks" in repr(layer)
+    with torch.inference_mode():
+        for rows in (1, 3, SMALL_BATCH_ROWS + 9):  # the block kernel, then expand + F.linear
+            x = torch.randn(rows, 64)
+            assert torch.equal(layer(x), reference(x))
+
+
+@pytest.mark.usefixtures("kernel")
+def test_block_kernel_rejects_blocks_that_do_not_fit() -> None:
+    blocks, _ = _blocks(gguf.GGMLQuantizationType.Q4_1, 4, 64, seed=0)
+    with pytest.raises(RuntimeError, match="rows of 96 weights take 60 bytes in this format, blocks has 40"):
+        torch.ops.ember.gguf_block_linear(torch.ones(2, 96), blocks, None, 0, 96)
+    with pytest.raises(RuntimeError, match="unknown GGUF block format 7"):
+        torch.ops.ember.gguf_dequantize(blocks, 7, 64)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.ember.gguf_dequantize(blocks, 0, 40)
+    with pytest.raises(RuntimeError, match="x must be \\[m, 64\\]"):
+        torch.ops.ember.gguf_block_linear(torch.ones(2, 32), blocks, None, 0, 64)

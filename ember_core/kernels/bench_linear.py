@@ -2,6 +2,8 @@
 
 A step is the 120 layer matmuls (fused QKV, O, gate+up, down for 30 layers) plus the 49152 x 576
 LM head, each layer with its own weights, so they stream from memory as in a real decode step.
+The GGUF candidate keeps the layers in Q4_1 blocks and the head in Q8_0, as the packaged
+SmolLM2 file stores them (random weights quantized with gguf-py here).
 Candidates run in rotation inside every repeat so that load from other processes hits them all
 alike; the median and the best step are printed per batch size.
 """
@@ -12,21 +14,24 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
+import gguf
 import torch
 import torch.nn.functional as F
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.linear import GGUF_BLOCK_FORMATS
 
 HIDDEN, INTERMEDIATE, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
 LAYER_SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
 
-LinearFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LinearFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
-def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], torch.Tensor]]]:
+def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], Any]]]:
     """name -> (linear(x, prepared weight), prepare(weight))."""
-    found: dict[str, tuple[LinearFn, Callable[[torch.Tensor], torch.Tensor]]] = {
+    found: dict[str, tuple[LinearFn, Callable[[torch.Tensor], Any]]] = {
         "F.linear (BLAS sgemm)": (F.linear, lambda w: w),
     }
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
@@ -39,7 +44,16 @@ def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], torch.Ten
             lambda x, w: torch.ops.ember.small_batch_linear(x, w, None),
             lambda w: w,
         )
+        found["ember gguf_block_linear (Q4_1 layers, Q8_0 head)"] = (
+            lambda x, packed: torch.ops.ember.gguf_block_linear(x, packed[0], None, packed[1], x.shape[1]),
+            _quantize_like_smollm2,
+        )
     return found
+
+
+def _quantize_like_smollm2(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    kind = gguf.GGMLQuantizationType.Q8_0 if weight.shape[0] == VOCAB else gguf.GGMLQuantizationType.Q4_1
+    return torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind)), GGUF_BLOCK_FORMATS[kind]
 
 
 def main() -> None:

@@ -1,14 +1,19 @@
-"""Linear layers for serving: the tied output head, and a CPU path for decode-sized batches.
+"""Linear layers for serving: the tied output head, and CPU paths for decode-sized batches.
 
 On CPU, `F.linear` hands every call to BLAS sgemm, which repacks the whole weight matrix each
 time; at decode batch sizes that costs more than the product. `SmallBatchLinear` sends batches of
 up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight once, in place
 (kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
 holding the same parameters: no copy, a tied head still shares the embedding.
+
+`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_1, Q8_0) instead of float32 weights
+and expands them tile by tile inside the same kernel: its outputs are bit-identical to a float32
+`SmallBatchLinear` over the dequantized weights, for a fraction of the memory traffic.
 """
 
 from __future__ import annotations
 
+import gguf
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +45,34 @@ class SmallBatchLinear(nn.Linear):
         if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
             return torch.ops.ember.small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+# The format codes of torch.ops.ember.gguf_block_linear / gguf_dequantize.
+GGUF_BLOCK_FORMATS = {gguf.GGMLQuantizationType.Q4_1: 0, gguf.GGMLQuantizationType.Q8_0: 1}
+
+
+class GGUFBlockLinear(nn.Module):
+    """y = x W^T + b with W kept as GGUF blocks: uint8 [out_features, bytes per row], ggml's layout."""
+
+    def __init__(self, blocks: torch.Tensor, kind: gguf.GGMLQuantizationType, in_features: int, bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.register_buffer("blocks", blocks)
+        self.bias = bias
+        self.kind = kind
+        self.format = GGUF_BLOCK_FORMATS[kind]
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind.name} blocks"
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return torch.ops.ember.gguf_dequantize(self.blocks, self.format, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            return torch.ops.ember.gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
+        # Prefill: expanding the weight once and running torch's GEMM is faster than tiles here.
+        return F.linear(x, self.dequantized_weight(), self.bias)
 
 
 def use_small_batch_linears(model: nn.Module) -> int:
