@@ -32,6 +32,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batching", choices=["continuous", "static"], default=_env("batching", defaults.batching))
     parser.add_argument("--device", default=_env("device", None), help="cuda, mps or cpu (default: detected)")
     parser.add_argument("--dtype", default=_env("dtype", None), help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=_env("gguf_weights", defaults.gguf_weights),
+                        help="float32 on CPU: keep a GGUF file's Q4_1/Q8_0 blocks (default) or expand them at load")
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:

@@ -9,6 +9,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 Admission = Literal["preempt", "reserve"]
 Batching = Literal["continuous", "static"]
+GGUFWeights = Literal["blocks", "dequantized"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class EngineConfig:
     batching: Batching = "continuous"
     device: str | None = None
     dtype: str | None = None
+    # A GGUF model's Q4_1 / Q8_0 weights stay in their blocks when running float32 on CPU (same
+    # outputs, 5-7x less memory traffic); "dequantized" expands them to plain float32 tensors.
+    gguf_weights: GGUFWeights = "blocks"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -40,6 +44,8 @@ class EngineConfig:
             raise ValueError(f"admission must be 'preempt' or 'reserve', got {self.admission!r}")
         if self.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
+        if self.gguf_weights not in ("blocks", "dequantized"):
+            raise ValueError(f"gguf_weights must be 'blocks' or 'dequantized', got {self.gguf_weights!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:

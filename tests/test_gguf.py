@@ -11,8 +11,10 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
+from torch import nn
 
 from ember_core import LLM, SamplingParams
+from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
 from ember_core.models.llama import Llama
@@ -64,6 +66,14 @@ def raw_tensors(smollm2_reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]
     return {tensor.name: tensor for tensor in smollm2_reader.tensors}
 
 
+def _loaded_weight(model: nn.Module, name: str) -> torch.Tensor:
+    """A weight's float32 values, whether its layer holds them or expands them from GGUF blocks."""
+    module = model.get_submodule(name.rpartition(".")[0])
+    if isinstance(module, GGUFBlockLinear):
+        return module.dequantized_weight()
+    return model.get_parameter(name).detach()
+
+
 def _prompt_ids(tokenizer: Tokenizer) -> list[list[int]]:
     chats = [tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in CHAT_PROMPTS]
     return [tokenizer.encode(text) for text in TEXT_PROMPTS] + chats
@@ -103,7 +113,7 @@ def test_unpermuted_qk_with_rotate_half_gives_ggml_attention_scores(
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
     raw_q = dequantize(raw_tensors[f"blk.{layer}.attn_q.weight"])
     raw_k = dequantize(raw_tensors[f"blk.{layer}.attn_k.weight"])
-    fused = model.layers[layer].self_attn.qkv_proj.weight.detach()
+    fused = _loaded_weight(model, f"layers.{layer}.self_attn.qkv_proj.weight")
     q_weight, k_weight = fused[:q_rows], fused[q_rows : q_rows + kv_rows]
     # The loader's rows, permuted the way llama.cpp's converter does, are exactly the file's rows.
     assert torch.equal(_llama_cpp_permute(q_weight, heads), raw_q)
@@ -150,6 +160,25 @@ def test_logits_match_transformers(llm: LLM, reference: transformers.LlamaForCau
     for prompt in _prompt_ids(llm.tokenizer):
         expected = reference_logits(reference, prompt)
         torch.testing.assert_close(ember_prompt_logits(llm, prompt), expected, rtol=0, atol=1e-3)
+
+
+def test_smollm2_runs_from_its_blocks_with_the_dequantized_weights_outputs(llm: LLM, smollm2_path: Path) -> None:
+    """The packaged file is Q4_1 with a Q8_0 tied head: every Linear keeps its blocks, and every logit
+    equals the float32 model's, bit for bit, prefill (16 rows, then 40) and decode alike."""
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, GGUFBlockLinear))]
+    assert len(linears) == 4 * 30 + 1 and all(isinstance(m, GGUFBlockLinear) for m in linears)
+    assert model.lm_head.kind == Q.Q8_0 and model.layers[0].mlp.gate_up_proj.kind == Q.Q4_1
+    dequantized = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, gguf_weights="dequantized")
+    assert isinstance(dequantized.engine.runner.model.lm_head, nn.Linear)
+    for prompt in _prompt_ids(llm.tokenizer)[:2]:
+        prompt = (prompt * 8)[:40]
+        for length in (16, 40):
+            assert torch.equal(ember_prompt_logits(llm, prompt[:length]), ember_prompt_logits(dequantized, prompt[:length]))
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
+    prompts = _prompt_ids(llm.tokenizer)[:3]
+    for ours, theirs in zip(llm.generate(prompts, params), dequantized.generate(prompts, params)):
+        assert (ours.token_ids, ours.logprobs) == (theirs.token_ids, theirs.logprobs)
 
 
 def test_greedy_continuations_match_transformers(llm: LLM, reference: transformers.LlamaForCausalLM) -> None:
@@ -208,7 +237,7 @@ def test_file_tensors_dequantized_into_the_right_parameters(
     decode: object,
 ) -> None:
     tensor = raw_tensors[gguf_name]
-    loaded = llm.engine.runner.model.get_parameter(weight).detach()[rows]
+    loaded = _loaded_weight(llm.engine.runner.model, weight)[rows]
     shape = tuple(reversed(tensor.shape.tolist()))
     expected = torch.tensor(gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(shape))
     assert torch.equal(loaded, expected)
@@ -269,16 +298,17 @@ def test_dequantize_every_type(tmp_path: Path) -> None:
 # --- a GGUF file written here --------------------------------------------------------------------
 
 SYNTHETIC_LLAMA3_ROPE = LLAMA3_ROPE
-# Tensor types by HF name suffix; Q8_0 needs rows of 32-multiples.
+# Tensor types by HF name suffix; block types need rows of 32-multiples. q/k/v (fused, q/k
+# permuted) and o, down run from their blocks; gate + up mix types, so their fused layer is float32.
 SYNTHETIC_TYPES = {
     "embed_tokens.weight": Q.Q8_0,
-    "q_proj.weight": Q.F16,
-    "k_proj.weight": Q.Q8_0,
-    "v_proj.weight": Q.F32,
+    "q_proj.weight": Q.Q4_1,
+    "k_proj.weight": Q.Q4_1,
+    "v_proj.weight": Q.Q4_1,
     "o_proj.weight": Q.Q8_0,
     "gate_proj.weight": Q.F16,
-    "up_proj.weight": Q.Q8_0,
-    "down_proj.weight": Q.F16,
+    "up_proj.weight": Q.Q4_1,
+    "down_proj.weight": Q.Q8_0,
     "lm_head.weight": Q.F16,
 }
 GGUF_NAMES = {
@@ -368,7 +398,8 @@ def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM) -
 
 
 def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
-    """Untied head, GQA, q/k biases (permuted too), llama3 rope as rope_freqs, F32/F16/Q8_0 tensors."""
+    """Untied head, GQA, q/k biases (permuted too), llama3 rope as rope_freqs, F32/F16/Q8_0/Q4_1 tensors,
+    with the Q4_1/Q8_0 layers run from their blocks or dequantized at load."""
     config = transformers.LlamaConfig(
         vocab_size=259,
         hidden_size=64,
@@ -390,16 +421,28 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
     stored = _write_synthetic_gguf(tmp_path / "tiny.gguf", hf_model)
     hf_model.load_state_dict(stored)
 
-    model, tokenizer = load_gguf(tmp_path / "tiny.gguf", CPU, torch.float32)
-    assert not model.config.tie_word_embeddings and model.config.attention_bias
-    assert model.config.rope_freq_factors is not None and max(model.config.rope_freq_factors) == 8.0
-    assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
     prompt = torch.randint(0, 259, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    runner = ModelRunner(model, num_blocks=8, block_size=8)
     with torch.inference_mode():
-        actual = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt, 0, list(range(5)), None)]))
         expected = hf_model(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-4)
+    logits = {}
+    for keep_blocks in (True, False):
+        model, tokenizer = load_gguf(tmp_path / "tiny.gguf", CPU, torch.float32, keep_blocks)
+        assert not model.config.tie_word_embeddings and model.config.attention_bias
+        assert model.config.rope_freq_factors is not None and max(model.config.rope_freq_factors) == 8.0
+        assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
+        layer = model.layers[1]
+        block_layers = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
+        assert all(isinstance(m, GGUFBlockLinear) == keep_blocks for m in block_layers)
+        assert type(layer.mlp.gate_up_proj) is nn.Linear and type(model.lm_head) is nn.Linear
+        runner = ModelRunner(model, num_blocks=8, block_size=8)
+        with torch.inference_mode():
+            # 40 rows (prefill path), then the last 5 again as decode-sized rows (the block kernel)
+            chunks = [SequenceChunk(prompt, 0, list(range(5)), None), SequenceChunk(prompt[-5:], 35, list(range(5)), None)]
+            logits[keep_blocks] = [model.compute_logits(runner.forward_hidden([chunk])) for chunk in chunks]
+        torch.testing.assert_close(logits[keep_blocks][0], expected, rtol=0, atol=1e-4)
+        torch.testing.assert_close(logits[keep_blocks][1], expected[-5:], rtol=0, atol=1e-4)
+    for blocks, dequantized in zip(logits[True], logits[False]):
+        assert torch.equal(blocks, dequantized)
 
 
 def test_rejects_other_architectures(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -9,11 +10,15 @@ import gguf
 import torch
 from torch import nn
 
+from ember_core.kernels import cpu_ops
+from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, dequantize, iter_gguf_weights
 from ember_core.loaders.load import materialize
 from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import RopeScaling
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
+
+logger = logging.getLogger(__name__)
 
 _REQUIRED = object()
 
@@ -85,9 +90,15 @@ def llama_config_from_gguf(reader: gguf.GGUFReader) -> LlamaConfig:
     )
 
 
-def load_gguf(path: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Tokenizer]:
+def load_gguf(
+    path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = True
+) -> tuple[nn.Module, Tokenizer]:
+    """`keep_blocks`: in float32 on CPU, run Q4_1 / Q8_0 weights from their blocks (gguf_blocks.py)."""
     reader = gguf.GGUFReader(path)
     config = llama_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)
+    if keep_blocks and device.type == "cpu" and dtype == torch.float32 and cpu_ops.is_available():
+        replaced = keep_gguf_blocks(model, reader.tensors)
+        logger.info("%d linear layers run from their GGUF blocks", replaced)
     return model, tokenizer

@@ -59,6 +59,15 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half_dim, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
+def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: LlamaConfig) -> torch.Tensor:
+    """A GGUF tensor's rows (values or quantized blocks) in the HF order of the tensor it becomes."""
+    if ".self_attn.q_proj." in hf_tensor_name:
+        return unpermute_rotary_rows(rows, config.num_heads)
+    if ".self_attn.k_proj." in hf_tensor_name:
+        return unpermute_rotary_rows(rows, config.num_kv_heads)
+    return rows
+
+
 def iter_gguf_weights(
     tensors: list[ReaderTensor], config: LlamaConfig, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -66,9 +75,4 @@ def iter_gguf_weights(
         if tensor.name == ROPE_FREQS:
             continue
         name = hf_name(tensor.name)
-        weight = dequantize(tensor)
-        if ".self_attn.q_proj." in name:
-            weight = unpermute_rotary_rows(weight, config.num_heads)
-        elif ".self_attn.k_proj." in name:
-            weight = unpermute_rotary_rows(weight, config.num_kv_heads)
-        yield name, weight.to(dtype)
+        yield name, in_hf_row_order(name, dequantize(tensor), config).to(dtype)

@@ -49,12 +49,13 @@ def _load_hf(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple
     return model, load_hf_tokenizer(model_dir)
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load_model(name: str, device: torch.device, dtype: torch.dtype, keep_gguf_blocks: bool = True) -> LoadedModel:
+    """`keep_gguf_blocks`: see EngineConfig.gguf_weights."""
     path = resolve_model(name)
     if path.suffix == ".gguf":
         from ember_core.loaders.gguf_loader import load_gguf
 
-        model, tokenizer = load_gguf(path, device, dtype)
+        model, tokenizer = load_gguf(path, device, dtype, keep_gguf_blocks)
     else:
         model, tokenizer = _load_hf(path, device, dtype)
     config = model.config

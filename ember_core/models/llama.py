@@ -168,7 +168,7 @@ class Llama(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def _fused_shards(self) -> dict[str, list[tuple[str, int]]]:
+    def fused_shards(self) -> dict[str, list[tuple[str, int]]]:
         """Fused parameter -> the HF tensors stacked in its rows, in order, with their row counts."""
         c = self.config
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -183,7 +183,7 @@ class Llama(nn.Module):
 
     def _weight_slots(self) -> dict[str, tuple[torch.Tensor, slice]]:
         """Every expected checkpoint tensor (HF name without `model.`) -> the parameter rows it fills."""
-        fused_shards = self._fused_shards()
+        fused_shards = self.fused_shards()
         slots: dict[str, tuple[torch.Tensor, slice]] = {}
         for name, param in self.named_parameters():
             for fused, shards in fused_shards.items():

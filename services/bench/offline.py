@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ember_core.config import Admission, Batching, EngineConfig
+from ember_core.config import Admission, Batching, EngineConfig, GGUFWeights
 from ember_core.core.engine import Engine
 from ember_core.device import resolve_device, resolve_dtype
 from ember_core.loaders import LoadedModel, load_model
@@ -27,6 +27,7 @@ COMPARE_AXES: dict[str, tuple[str, str]] = {
     "batching": ("continuous", "static"),
     "admission": ("preempt", "reserve"),
     "dtype": ("float32", "bfloat16"),
+    "gguf_weights": ("blocks", "dequantized"),
 }
 WARMUP_TOKENS = 2
 
@@ -36,10 +37,12 @@ class EngineSetting:
     batching: Batching = "continuous"
     admission: Admission = "preempt"
     dtype: str = "float32"
+    gguf_weights: GGUFWeights = "blocks"
 
     @property
     def label(self) -> str:
-        return f"{self.batching}/{self.admission}/{self.dtype}"
+        label = f"{self.batching}/{self.admission}/{self.dtype}"
+        return label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
 
 
 def settings_to_compare(baseline: EngineSetting, compare: list[str]) -> list[EngineSetting]:
@@ -91,22 +94,24 @@ class OfflineRun:
 
 
 def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompts) -> Iterator[OfflineRun]:
-    """Yield each run as it finishes: per setting (models loaded once per dtype) and concurrency."""
+    """Yield each run as it finishes: per setting (models loaded once per dtype and GGUF weights) and concurrency."""
     device = resolve_device(config.engine_kwargs.get("device"))
-    loaded_by_dtype: dict[str, LoadedModel] = {}
+    loaded_models: dict[tuple[str, str], LoadedModel] = {}
 
-    def loaded(dtype: str) -> LoadedModel:
-        if dtype not in loaded_by_dtype:
-            loaded_by_dtype[dtype] = load_model(config.model, device, resolve_dtype(dtype, device))
-        return loaded_by_dtype[dtype]
+    def loaded(setting: EngineSetting) -> LoadedModel:
+        key = (setting.dtype, setting.gguf_weights)
+        if key not in loaded_models:
+            dtype = resolve_dtype(setting.dtype, device)
+            loaded_models[key] = load_model(config.model, device, dtype, keep_gguf_blocks=setting.gguf_weights == "blocks")
+        return loaded_models[key]
 
-    first = loaded(config.settings[0].dtype)
+    first = loaded(config.settings[0])
     requests = take(_requests(source, first), config.num_prompts)
     prompts = [_token_ids(r.prompt, first.tokenizer) for r in requests]
     max_tokens = [r.max_tokens for r in requests]
     for setting in config.settings:
         for concurrency in config.concurrencies:
-            yield _run_ember(loaded(setting.dtype), config, setting, concurrency, prompts, max_tokens)
+            yield _run_ember(loaded(setting), config, setting, concurrency, prompts, max_tokens)
     if config.transformers:
         from ember_bench.hf_baseline import run_transformers
 
@@ -147,7 +152,7 @@ def _run_ember(
 ) -> OfflineRun:
     engine_config = EngineConfig(
         model=config.model, max_num_seqs=concurrency, batching=setting.batching, admission=setting.admission,
-        dtype=setting.dtype, **config.engine_kwargs,
+        dtype=setting.dtype, gguf_weights=setting.gguf_weights, **config.engine_kwargs,
     )
     engine = Engine(engine_config, loaded)
     _drain(engine, {"warmup": (prompts[0], SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0))})
