@@ -127,12 +127,14 @@ const float* bias_or_null(const std::optional<at::Tensor>& bias) {
 // GGUF block formats (ggml's block_q4_1 and block_q8_0): 32 weights of a row per block.
 enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
 
+constexpr int64_t kBlockBytes[] = {
+    20,  // Q4_1: float16 d, float16 m, 16 bytes of 4-bit q: value = d * q + m
+    34,  // Q8_0: float16 d, 32 int8 q: value = d * q
+};
+
 int64_t block_bytes(int64_t format) {
-  switch (format) {
-    case kQ4_1: return 20;  // float16 d, float16 m, 16 bytes of 4-bit q: value = d * q + m
-    case kQ8_0: return 34;  // float16 d, 32 int8 q: value = d * q
-    default: TORCH_CHECK(false, "unknown GGUF block format ", format, " (0 = Q4_1, 1 = Q8_0)");
-  }
+  TORCH_CHECK(format == kQ4_1 || format == kQ8_0, "unknown GGUF block format ", format, " (0 = Q4_1, 1 = Q8_0)");
+  return kBlockBytes[format];
 }
 
 inline float half_at(const uint8_t* p) {
@@ -184,20 +186,49 @@ inline vfloat multiply_then_add(vfloat d, vfloat q, vfloat m) {
   return product + m;
 }
 
+constexpr int64_t kBlockVectors = kBlockValues / kLanes;
+
+// The float32 values of one block, in registers.
+template <int64_t Format>
+inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
+  const vfloat d = vfloat{} + half_at(block);
+  if constexpr (Format == kQ4_1) {
+    const vfloat m = vfloat{} + half_at(block + 2);
+    const std::array<uint8_t, kBlockValues> q = q4_values(block + 4);
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = multiply_then_add(d, bytes_to_floats<uint8_t>(q.data() + j * kLanes), m);
+  } else {
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<int8_t>(block + 2 + j * kLanes) * d;
+  }
+}
+
 // Float32 values of one row of k weights from its blocks.
-inline void expand_row(int64_t format, const uint8_t* blocks, int64_t k, float* out) {
-  const int64_t bytes = block_bytes(format);
-  for (int64_t i = 0; i < k; i += kBlockValues, blocks += bytes, out += kBlockValues) {
-    const vfloat d = vfloat{} + half_at(blocks);
-    if (format == kQ4_1) {
-      const vfloat m = vfloat{} + half_at(blocks + 2);
-      const std::array<uint8_t, kBlockValues> q = q4_values(blocks + 4);
-      for (int64_t j = 0; j < kBlockValues; j += kLanes)
-        store(out + j, multiply_then_add(d, bytes_to_floats<uint8_t>(q.data() + j), m));
-    } else {
-      for (int64_t j = 0; j < kBlockValues; j += kLanes)
-        store(out + j, bytes_to_floats<int8_t>(blocks + 2 + j) * d);
+template <int64_t Format>
+inline void expand_row(const uint8_t* blocks, int64_t k, float* out) {
+  for (int64_t i = 0; i < k; i += kBlockValues, blocks += kBlockBytes[Format]) {
+    vfloat values[kBlockVectors];
+    expand_block<Format>(blocks, values);
+    for (int64_t j = 0; j < kBlockVectors; ++j) store(out + i + j * kLanes, values[j]);
+  }
+}
+
+// One x row against Rows rows of blocks starting at `row`, each block expanded in registers: no
+// round trip through L1. The sums are dot_tile<1, Rows>'s over the expanded rows, in the same order.
+template <int64_t Format, int64_t Rows>
+inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks, int64_t row_bytes, int64_t row) {
+  vfloat acc[Rows] = {};
+  for (int64_t i = 0, offset = 0; i < p.k; i += kBlockValues, offset += kBlockBytes[Format]) {
+    vfloat xv[kBlockVectors];
+    for (int64_t j = 0; j < kBlockVectors; ++j) xv[j] = load(p.x + i + j * kLanes);
+    for (int64_t r = 0; r < Rows; ++r) {
+      vfloat w[kBlockVectors];
+      expand_block<Format>(blocks + (row + r) * row_bytes + offset, w);
+      for (int64_t j = 0; j < kBlockVectors; ++j) acc[r] += xv[j] * w[j];
     }
+  }
+  for (int64_t r = 0; r < Rows; ++r) {
+    float total = sum(acc[r]);
+    if (p.bias != nullptr) total += p.bias[row + r];
+    p.y[row + r] = total;
   }
 }
 
@@ -230,6 +261,31 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   return y;
 }
 
+template <int64_t Format>
+void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_bytes) {
+  const int64_t tile_rows = tile_rows_for(p.m), full_tiles = p.n / tile_rows, k = p.k;
+  at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> tile_weights(p.m == 1 ? 0 : tile_rows * k);
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t row = tile * tile_rows;
+      if (p.m == 1) {
+        // Two rows at a time: their accumulators, x and the expanded values fit in registers
+        // (measured: 2 rows ~1.3x faster than 4 or 8, which spill).
+        for (int64_t r = 0; r < tile_rows; r += 2) block_rows_against_one_x_row<Format, 2>(p, blocks, row_bytes, row + r);
+        continue;
+      }
+      for (int64_t r = 0; r < tile_rows; ++r)
+        expand_row<Format>(blocks + (row + r) * row_bytes, k, tile_weights.data() + r * k);
+      tile_against_x(p, tile_weights.data(), row, nullptr);
+    }
+  });
+  std::vector<float> row_weights(k);
+  for (int64_t row = full_tiles * tile_rows; row < p.n; ++row) {
+    expand_row<Format>(blocks + row * row_bytes, k, row_weights.data());
+    rows_against_all_of_x<1>(p, row_weights.data(), row, nullptr);
+  }
+}
+
 at::Tensor gguf_block_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
                              int64_t format, int64_t in_features) {
   const int64_t n = blocks.size(0), k = in_features;
@@ -238,21 +294,10 @@ at::Tensor gguf_block_linear(const at::Tensor& x, const at::Tensor& blocks, cons
   const int64_t m = x.size(0);
   if (m == 0 || n == 0) return y;
   const Problem p{x.data_ptr<float>(), bias_or_null(bias), y.data_ptr<float>(), m, n, k};
-  const uint8_t* raw = blocks.data_ptr<uint8_t>();
-  const int64_t row_bytes = blocks.size(1), tile_rows = tile_rows_for(m), full_tiles = n / tile_rows;
-  at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> tile_weights(tile_rows * k);
-    for (int64_t tile = begin; tile < end; ++tile) {
-      for (int64_t r = 0; r < tile_rows; ++r)
-        expand_row(format, raw + (tile * tile_rows + r) * row_bytes, k, tile_weights.data() + r * k);
-      tile_against_x(p, tile_weights.data(), tile * tile_rows, nullptr);
-    }
-  });
-  std::vector<float> row_weights(k);
-  for (int64_t row = full_tiles * tile_rows; row < n; ++row) {
-    expand_row(format, raw + row * row_bytes, k, row_weights.data());
-    rows_against_all_of_x<1>(p, row_weights.data(), row, nullptr);
-  }
+  if (format == kQ4_1)
+    gguf_block_linear_as<kQ4_1>(p, blocks.data_ptr<uint8_t>(), blocks.size(1));
+  else
+    gguf_block_linear_as<kQ8_0>(p, blocks.data_ptr<uint8_t>(), blocks.size(1));
   return y;
 }
 
@@ -263,7 +308,12 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t format, int64_t in_
   const uint8_t* raw = blocks.data_ptr<uint8_t>();
   float* values = out.data_ptr<float>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) expand_row(format, raw + row * row_bytes, k, values + row * k);
+    for (int64_t row = begin; row < end; ++row) {
+      if (format == kQ4_1)
+        expand_row<kQ4_1>(raw + row * row_bytes, k, values + row * k);
+      else
+        expand_row<kQ8_0>(raw + row * row_bytes, k, values + row * k);
+    }
   });
   return out;
 }

@@ -59,7 +59,7 @@ def _dataclass_fields(value: Any) -> Any:
 
 
 OFFLINE_HEADER = (
-    f"{'configuration':<38}{'conc':>5}{'reqs':>6}{'tokens':>8}{'time s':>9}{'tok/s':>9}{'req/s':>8}"
+    f"{'configuration':<52}{'conc':>5}{'reqs':>6}{'tokens':>8}{'time s':>9}{'tok/s':>9}{'req/s':>8}"
     f"{'lat mean':>10}{'p50':>9}{'p99':>9}{'preempt':>9}"
 )
 
@@ -74,7 +74,7 @@ def offline_row(run: OfflineRun) -> str:
     latency = run.latency_ms
     preemptions = "-" if run.num_preemptions is None else str(run.num_preemptions)
     return (
-        f"{run.name:<38}{run.concurrency:>5}{run.num_requests:>6}{run.output_tokens:>8}{run.duration_s:>9.2f}"
+        f"{run.name:<52}{run.concurrency:>5}{run.num_requests:>6}{run.output_tokens:>8}{run.duration_s:>9.2f}"
         f"{run.output_throughput:>9.1f}{run.request_throughput:>8.2f}"
         f"{latency.mean / 1e3:>10.2f}{latency.median / 1e3:>9.2f}{latency.p99 / 1e3:>9.2f}{preemptions:>9}"
     )
