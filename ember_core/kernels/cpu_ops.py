@@ -1,6 +1,7 @@
 """Loader for ember's C++ CPU ops, one extension built from the .cpp files next to this one:
-`torch.ops.ember.paged_decode_attention` (paged_decode.cpp) and `torch.ops.ember.small_batch_linear`
-(small_batch_linear.cpp).
+`torch.ops.ember.paged_decode_attention` (paged_decode.cpp), `small_batch_linear`,
+`gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp), `rms_norm` and `rotary_`
+(elementwise.cpp).
 
 The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
 callers can ask `is_available()` once and fall back to SDPA / torch's GEMM without paying for a
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode.cpp", "small_batch_linear.cpp")]
+_SOURCES = [
+    Path(__file__).with_name(name) for name in ("paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp")
+]
 
 
 class KernelUnavailableError(RuntimeError):

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, PagedAttention
 from ember_core.layers.linear import tied_head
-from ember_core.models.rotary import RopeScaling, apply_rope, rope_cos_sin, rope_inv_freq
+from ember_core.models.rotary import RopeScaling, apply_rope_, rope_cos_sin, rope_inv_freq
 
 IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # saved by old transformers versions; recomputed here
 
@@ -90,8 +91,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in float32
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if x.dtype == torch.float32:
+            if x.is_cpu and x.dim() == 2 and cpu_ops.is_available():  # one C++ call; F.rms_norm dispatches ~10 ops
+                return torch.ops.ember.rms_norm(x.contiguous(), self.weight, self.eps)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # bit-identical to the lines below
         # Normalise in float32 and cast back before the weight, as transformers does, so fp16/bf16 agree.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -115,7 +118,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q_and_k, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
         # One rotation for the query and key heads together.
-        q_and_k = apply_rope(q_and_k.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q_and_k = apply_rope_(q_and_k.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
         q, k = q_and_k.flatten(1).split([self.q_size, self.kv_size], dim=-1)
         return self.o_proj(self.attn(q, k, v, meta))
 

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import torch
 
+from ember_core.kernels import cpu_ops
+
 RopeKind = Literal["linear", "llama3"]
 
 
@@ -80,3 +82,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope into x itself (a strided view is fine) and return it; one C++ call, with the same
+    bits, on float32 CPU tensors, where the torch ops above cost ~10x more at decode sizes."""
+    if x.dtype == torch.float32 and x.is_cpu and cpu_ops.is_available():
+        torch.ops.ember.rotary_(x, cos.contiguous(), sin.contiguous())
+        return x
+    return x.copy_(apply_rope(x, cos, sin))

@@ -1,0 +1,97 @@
+// The per-token ops between a Llama layer's matmuls, as single C++ calls (float32, CPU): eager
+// torch dispatches several ops for each (F.rms_norm about ten), which at decode batch sizes costs
+// far more than the arithmetic. Rows run in parallel only when there are many (prefill).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+// torch's rotary (x * cos + rotate_half(x) * sin) rounds each product before the sum; fusing them
+// into FMAs would change the last bit, so this file keeps multiplies and adds apart.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace {
+
+constexpr int64_t kRowsPerTask = 64;
+
+void check_float_cpu(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_cpu(), op, ": ", name, " must be a float32 CPU tensor, got ",
+              t.scalar_type(), " on ", t.device());
+}
+
+// y = x / sqrt(mean(x^2) + eps) * weight, row by row; the mean in double.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_float_cpu(x, "rms_norm", "x");
+  check_float_cpu(weight, "rms_norm", "weight");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.size(0) == x.size(1) &&
+                  weight.is_contiguous(),
+              "rms_norm: x must be a contiguous [rows, ", weight.size(0), "] tensor, got ", x.sizes());
+  const int64_t rows = x.size(0), dim = x.size(1);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const float* in = x.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = in + r * dim;
+      double squares = 0.0;
+      for (int64_t i = 0; i < dim; ++i) squares += static_cast<double>(row[i]) * row[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(squares / dim + eps));
+      for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = w[i] * (row[i] * scale);
+    }
+  });
+  return y;
+}
+
+// Rotary embedding in Hugging Face's rotate_half layout, into x itself: for i < half,
+// (x_i, x_{i+half}) -> (x_i cos_i - x_{i+half} sin_i, x_{i+half} cos_{i+half} + x_i sin_{i+half}).
+// x [tokens, heads, head_dim] may be a strided view (the q/k columns of the fused QKV output).
+void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_float_cpu(x, "rotary_", "x");
+  check_float_cpu(cos, "rotary_", "cos");
+  check_float_cpu(sin, "rotary_", "sin");
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.size(2) % 2 == 0, "rotary_: x must be [tokens, heads, head_dim] ",
+              "with contiguous, even head_dim, got ", x.sizes(), " strides ", x.strides());
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == tokens && cos.size(1) == dim &&
+                  cos.is_contiguous() && sin.is_contiguous(),
+              "rotary_: cos and sin must be contiguous [", tokens, ", ", dim, "], got ", cos.sizes(), " and ", sin.sizes());
+  float* data = x.data_ptr<float>();
+  const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* ct = c + t * dim;
+      const float* st = s + t * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = data + t * token_stride + h * head_stride;
+        for (int64_t i = 0; i < half; ++i) {
+          const float first = v[i], second = v[i + half];
+          v[i] = first * ct[i] - second * st[i];
+          v[i + half] = second * ct[i + half] + first * st[i + half];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ember, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ember, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rotary_", &rotary_);
+}

@@ -1,0 +1,68 @@
+"""ember's C++ RMSNorm and rotary ops (ember_core/kernels/elementwise.cpp) against the torch code they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember_core.models.llama import RMSNorm
+from ember_core.models.rotary import apply_rope, apply_rope_
+from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+
+pytestmark = pytest.mark.usefixtures("kernel")
+
+
+@pytest.mark.parametrize("rows", [1, 5, 200])  # 200: the rows run in parallel
+def test_rms_norm_is_accurate_and_each_row_is_independent_of_the_batch(rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 576, generator=generator) * 3
+    weight = torch.rand(576, generator=generator) + 0.5
+    actual = torch.ops.ember.rms_norm(x, weight, 1e-5)
+    exact = (weight.double() * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)).float()
+    torch.testing.assert_close(actual, exact, rtol=2e-7, atol=1e-6)
+    torch.testing.assert_close(actual, F.rms_norm(x, (576,), weight, 1e-5), rtol=1e-6, atol=2e-6)
+    for row in (0, rows - 1):
+        assert torch.equal(torch.ops.ember.rms_norm(x[row : row + 1].clone(), weight, 1e-5), actual[row : row + 1])
+
+
+def test_llama_rms_norm_module_uses_it_for_float32_cpu_rows() -> None:
+    norm = RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64) + 0.5)
+    x = torch.randn(3, 64)
+    assert torch.equal(norm(x), torch.ops.ember.rms_norm(x, norm.weight, 1e-6))
+    as_double = norm.double()(x.double())  # other dtypes keep the torch formula
+    torch.testing.assert_close(as_double.float(), norm.float()(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 130])
+def test_rotary_in_place_has_the_bits_of_apply_rope_on_a_strided_view(tokens: int) -> None:
+    generator = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, 960, generator=generator)
+    angles = torch.rand(tokens, 32, generator=generator) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    q_and_k = qkv[:, :768].view(tokens, 12, 64)  # the q/k columns of a fused QKV output
+    expected = apply_rope(q_and_k, cos, sin)
+    untouched = qkv[:, 768:].clone()
+    assert apply_rope_(q_and_k, cos, sin) is q_and_k
+    assert torch.equal(q_and_k, expected)
+    assert torch.equal(qkv[:, 768:], untouched)
+
+
+def test_rotary_falls_back_to_torch_for_other_dtypes() -> None:
+    x = torch.randn(4, 3, 8, dtype=torch.float64)
+    cos, sin = torch.rand(4, 8, dtype=torch.float64), torch.rand(4, 8, dtype=torch.float64)
+    expected = apply_rope(x, cos, sin)
+    assert torch.equal(apply_rope_(x, cos, sin), expected)
+
+
+def test_ops_reject_what_they_cannot_compute() -> None:
+    with pytest.raises(RuntimeError, match="x must be a float32 CPU tensor"):
+        torch.ops.ember.rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8), 1e-6)
+    with pytest.raises(RuntimeError, match="x must be a contiguous \\[rows, 8\\] tensor"):
+        torch.ops.ember.rms_norm(torch.ones(2, 9), torch.ones(8), 1e-6)
+    with pytest.raises(RuntimeError, match="even head_dim"):
+        torch.ops.ember.rotary_(torch.ones(2, 3, 7), torch.ones(2, 7), torch.ones(2, 7))
+    with pytest.raises(RuntimeError, match="cos and sin must be contiguous \\[2, 8\\]"):
+        torch.ops.ember.rotary_(torch.ones(2, 3, 8), torch.ones(3, 8), torch.ones(3, 8))
