@@ -22,7 +22,6 @@
 #include <immintrin.h>
 #endif
 
-#include <array>
 #include <cstdint>
 #include <type_traits>
 #include <cstring>
@@ -158,30 +157,33 @@ inline vfloat bytes_to_floats(const uint8_t* p) {
 #endif
 }
 
-// The 32 values of a Q4_1 block's 16 bytes: value j is the low nibble of q[j], value j + 16 the high one.
-inline std::array<uint8_t, kBlockValues> q4_values(const uint8_t* q) {
-  std::array<uint8_t, kBlockValues> values;
+// The 32 4-bit values of a Q4_1 block's 16 bytes as floats: value j is the low nibble of q[j],
+// value j + 16 the high one.
+inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockValues / kLanes]) {
 #if defined(__AVX2__)
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   const __m128i mask = _mm_set1_epi8(0x0F);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(values.data()), _mm_and_si128(packed, mask));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(values.data() + 16), _mm_and_si128(_mm_srli_epi16(packed, 4), mask));
+  const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+  const __m128i parts[] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
+  for (int64_t j = 0; j < kBlockValues / kLanes; ++j)
+    values[j] = reinterpret_cast<vfloat>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])));
 #else
+  uint8_t bytes[kBlockValues];
   for (int64_t i = 0; i < kBlockValues / 2; ++i) {
-    values[i] = q[i] & 0xF;
-    values[i + kBlockValues / 2] = q[i] >> 4;
+    bytes[i] = q[i] & 0xF;
+    bytes[i + kBlockValues / 2] = q[i] >> 4;
   }
+  for (int64_t j = 0; j < kBlockValues / kLanes; ++j) values[j] = bytes_to_floats<uint8_t>(bytes + j * kLanes);
 #endif
-  return values;
 }
 
 // d * q + m rounded twice, as gguf-py (numpy) computes it: the compiler must not fuse it into an FMA.
 inline vfloat multiply_then_add(vfloat d, vfloat q, vfloat m) {
   vfloat product = d * q;
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-  asm("" : "+x"(product));
-#elif defined(__GNUC__) && defined(__aarch64__)
-  asm("" : "+w"(product));
+#if defined(__GNUC__) && defined(__AVX__)
+  asm("" : "+x"(product));  // the product must exist in a register, as is
+#elif defined(__GNUC__)
+  asm("" : "+m"(product));  // without 256-bit registers: through memory
 #endif
   return product + m;
 }
@@ -194,8 +196,8 @@ inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) 
   const vfloat d = vfloat{} + half_at(block);
   if constexpr (Format == kQ4_1) {
     const vfloat m = vfloat{} + half_at(block + 2);
-    const std::array<uint8_t, kBlockValues> q = q4_values(block + 4);
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = multiply_then_add(d, bytes_to_floats<uint8_t>(q.data() + j * kLanes), m);
+    q4_values(block + 4, values);
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = multiply_then_add(d, values[j], m);
   } else {
     for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<int8_t>(block + 2 + j * kLanes) * d;
   }
