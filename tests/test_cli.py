@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 
-def run_ember(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ember_core.cli", *args], capture_output=True, text=True, timeout=300)
+def run_ember(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ember_core.cli", *args], check=False, capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def test_missing_model_path_is_a_one_line_error() -> None:
@@ -32,3 +35,10 @@ def test_invalid_sampling_value_is_a_one_line_error(gpt2_dir) -> None:
 def test_unknown_flag_is_rejected_by_argparse() -> None:
     result = run_ember("generate", "--bogus", "x")
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+
+
+def test_invalid_setting_from_the_environment_is_a_one_line_error() -> None:
+    """EMBER_* variables bypass argparse's choices; EngineConfig rejects them before any loading."""
+    result = run_ember("generate", "hi", env={**os.environ, "EMBER_GGUF_WEIGHTS": "packed"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "ember: error: gguf_weights must be 'blocks' or 'dequantized', got 'packed'"
