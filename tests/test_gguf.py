@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from torch import nn
 
 from ember_core import LLM, SamplingParams
-from ember_core.layers.linear import GGUFBlockLinear
+from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
 from ember_core.models.llama import Llama
@@ -164,7 +164,8 @@ def test_logits_match_transformers(llm: LLM, reference: transformers.LlamaForCau
 
 def test_smollm2_runs_from_its_blocks_with_the_dequantized_weights_outputs(llm: LLM, smollm2_path: Path) -> None:
     """The packaged file is Q4_1 with a Q8_0 tied head: every Linear keeps its blocks, and every logit
-    equals the float32 model's, bit for bit, prefill (16 rows, then 40) and decode alike."""
+    equals the float32 model's, bit for bit, through the block kernel (16 rows) and the prefill path
+    (more than SMALL_BATCH_ROWS rows), and in decodes."""
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, GGUFBlockLinear))]
     assert len(linears) == 4 * 30 + 1 and all(isinstance(m, GGUFBlockLinear) for m in linears)
@@ -172,8 +173,8 @@ def test_smollm2_runs_from_its_blocks_with_the_dequantized_weights_outputs(llm: 
     dequantized = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, gguf_weights="dequantized")
     assert isinstance(dequantized.engine.runner.model.lm_head, nn.Linear)
     for prompt in _prompt_ids(llm.tokenizer)[:2]:
-        prompt = (prompt * 8)[:40]
-        for length in (16, 40):
+        prompt = (prompt * 16)[: SMALL_BATCH_ROWS + 8]
+        for length in (16, len(prompt)):
             assert torch.equal(ember_prompt_logits(llm, prompt[:length]), ember_prompt_logits(dequantized, prompt[:length]))
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
     prompts = _prompt_ids(llm.tokenizer)[:3]
@@ -421,7 +422,8 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
     stored = _write_synthetic_gguf(tmp_path / "tiny.gguf", hf_model)
     hf_model.load_state_dict(stored)
 
-    prompt = torch.randint(0, 259, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    num_tokens = SMALL_BATCH_ROWS + 16  # the prefill path; the last 5 tokens again go through the block kernel
+    prompt = torch.randint(0, 259, (num_tokens,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = hf_model(torch.tensor([prompt])).logits[0]
     logits = {}
@@ -434,10 +436,10 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
         block_layers = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
         assert all(isinstance(m, GGUFBlockLinear) == keep_blocks for m in block_layers)
         assert type(layer.mlp.gate_up_proj) is nn.Linear and type(model.lm_head) is nn.Linear
-        runner = ModelRunner(model, num_blocks=8, block_size=8)
+        blocks = list(range(num_tokens // 8))
+        runner = ModelRunner(model, num_blocks=len(blocks), block_size=8)
         with torch.inference_mode():
-            # 40 rows (prefill path), then the last 5 again as decode-sized rows (the block kernel)
-            chunks = [SequenceChunk(prompt, 0, list(range(5)), None), SequenceChunk(prompt[-5:], 35, list(range(5)), None)]
+            chunks = [SequenceChunk(prompt, 0, blocks, None), SequenceChunk(prompt[-5:], num_tokens - 5, blocks, None)]
             logits[keep_blocks] = [model.compute_logits(runner.forward_hidden([chunk])) for chunk in chunks]
         torch.testing.assert_close(logits[keep_blocks][0], expected, rtol=0, atol=1e-4)
         torch.testing.assert_close(logits[keep_blocks][1], expected[-5:], rtol=0, atol=1e-4)

@@ -20,9 +20,10 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 
-# Up to here the C++ kernel beat MKL sgemm for the SmolLM2 shapes on a 2-core AVX2 machine
-# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md); at 64 rows sgemm won.
-SMALL_BATCH_ROWS = 32
+# Up to here the C++ kernels beat MKL sgemm for the SmolLM2 shapes on a 2-core AVX2 machine
+# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md: 64 rows ~270-290 ms per step
+# against ~300-325); at 128 rows sgemm wins.
+SMALL_BATCH_ROWS = 64
 
 
 def tied_head(embedding: nn.Embedding) -> nn.Linear:
