@@ -34,6 +34,7 @@ namespace {
 constexpr int64_t kLanes = 8;  // one AVX2 register of floats
 constexpr int64_t kTileRows = 4;
 constexpr int64_t kBlockValues = 32;  // weights per GGUF block
+constexpr int64_t kBlockVectors = kBlockValues / kLanes;
 using vfloat = float __attribute__((vector_size(kLanes * sizeof(float))));
 
 inline vfloat load(const float* p) {
@@ -159,13 +160,13 @@ inline vfloat bytes_to_floats(const uint8_t* p) {
 
 // The 32 4-bit values of a Q4_1 block's 16 bytes as floats: value j is the low nibble of q[j],
 // value j + 16 the high one.
-inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockValues / kLanes]) {
+inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockVectors]) {
 #if defined(__AVX2__)
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   const __m128i mask = _mm_set1_epi8(0x0F);
   const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
   const __m128i parts[] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-  for (int64_t j = 0; j < kBlockValues / kLanes; ++j)
+  for (int64_t j = 0; j < kBlockVectors; ++j)
     values[j] = reinterpret_cast<vfloat>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])));
 #else
   uint8_t bytes[kBlockValues];
@@ -173,7 +174,7 @@ inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockValues / kLanes])
     bytes[i] = q[i] & 0xF;
     bytes[i + kBlockValues / 2] = q[i] >> 4;
   }
-  for (int64_t j = 0; j < kBlockValues / kLanes; ++j) values[j] = bytes_to_floats<uint8_t>(bytes + j * kLanes);
+  for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<uint8_t>(bytes + j * kLanes);
 #endif
 }
 
@@ -187,8 +188,6 @@ inline vfloat multiply_then_add(vfloat d, vfloat q, vfloat m) {
 #endif
   return product + m;
 }
-
-constexpr int64_t kBlockVectors = kBlockValues / kLanes;
 
 // The float32 values of one block, in registers.
 template <int64_t Format>
