@@ -178,17 +178,6 @@ inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockVectors]) {
 #endif
 }
 
-// d * q + m rounded twice, as gguf-py (numpy) computes it: the compiler must not fuse it into an FMA.
-inline vfloat multiply_then_add(vfloat d, vfloat q, vfloat m) {
-  vfloat product = d * q;
-#if defined(__GNUC__) && defined(__AVX__)
-  asm("" : "+x"(product));  // the product must exist in a register, as is
-#elif defined(__GNUC__)
-  asm("" : "+m"(product));  // without 256-bit registers: through memory
-#endif
-  return product + m;
-}
-
 // The float32 values of one block, in registers.
 template <int64_t Format>
 inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
@@ -196,7 +185,9 @@ inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) 
   if constexpr (Format == kQ4_1) {
     const vfloat m = vfloat{} + half_at(block + 2);
     q4_values(block + 4, values);
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = multiply_then_add(d, values[j], m);
+    // gguf-py rounds d * q, then adds m. d has 11 significant bits and q 4, so the product is exact
+    // in float32 and an FMA (which the compiler may form here) rounds the same sum only once.
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = d * values[j] + m;
   } else {
     for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<int8_t>(block + 2 + j * kLanes) * d;
   }
