@@ -1,4 +1,5 @@
-"""The C++ paged decode-attention kernel against a float64 reference, and the fallback when it cannot be built."""
+"""The C++ paged decode-attention kernel against a float64 reference, the KV-cache write against
+index_copy_, and the fallback when the extension cannot be built."""
 
 from __future__ import annotations
 
@@ -122,6 +123,15 @@ def test_kernel_is_correct_however_the_work_is_split(kernel: None, num_threads: 
     torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
 
 
+def test_query_rows_may_be_strided(kernel: None) -> None:
+    """The q columns of a fused QKV output: each row's heads contiguous, rows further apart."""
+    case = make_case([5, 40, 17], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
+    qkv = torch.cat((case.query.flatten(1), torch.randn(3, 384)), dim=1)
+    strided = qkv[:, :576].view(3, 9, 64)
+    assert not strided.is_contiguous()
+    assert torch.equal(run_kernel(with_changes(case, query=strided)), run_kernel(case))
+
+
 def test_zero_length_context_gives_zeros(kernel: None) -> None:
     case = make_case([5, 20], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
     case.context_lens[1] = 0
@@ -178,6 +188,41 @@ def test_unsupported_inputs_raise_a_clear_error(kernel: None, change, message: s
     case = change(make_case([5, 20], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32))
     with pytest.raises(RuntimeError, match=message):
         run_kernel(case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_write_kv_cache_fills_the_slots_index_copy_would(kernel: None, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    shape = (6, 4, 3, 8)  # num_blocks, block_size, kv_heads, head_dim
+    key_cache, value_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    qkv = torch.randn(5, 9 * 8 + 2 * 3 * 8, generator=generator).to(dtype)
+    key, value = (qkv[:, 72 + i * 24 : 96 + i * 24].view(5, 3, 8) for i in range(2))  # strided rows
+    slots = torch.tensor([23, 0, 7, 8, 16])
+    expected_keys, expected_values = key_cache.clone(), value_cache.clone()
+    expected_keys.view(-1, 3, 8).index_copy_(0, slots, key)
+    expected_values.view(-1, 3, 8).index_copy_(0, slots, value)
+    torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, key, value)
+    assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
+
+
+@pytest.mark.parametrize(
+    "slots,rows,message",
+    [
+        (torch.tensor([0, 24]), torch.ones(2, 3, 8), "slot_mapping\\[1\\] = 24 is outside the cache's 24 slots"),
+        (torch.tensor([0, -1]), torch.ones(2, 3, 8), "is outside"),
+        (torch.tensor([0, 1], dtype=torch.int32), torch.ones(2, 3, 8), "int64"),
+        (torch.tensor([0]), torch.ones(2, 3, 8), "one slot per token"),
+        (torch.tensor([0, 1]), torch.ones(2, 3, 4), "must be \\[tokens, 3, 8\\]"),
+        (torch.tensor([0, 1]), torch.ones(2, 8, 3).transpose(1, 2), "heads must be contiguous"),
+        (torch.tensor([0, 1]), torch.ones(2, 3, 8, dtype=torch.float64), "dtype"),
+    ],
+    ids=["past-end", "negative", "int32", "count", "shape", "strided-heads", "dtype"],
+)
+def test_write_kv_cache_rejects_what_it_cannot_write(kernel: None, slots, rows, message: str) -> None:
+    key_cache, value_cache = torch.zeros(6, 4, 3, 8), torch.zeros(6, 4, 3, 8)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, rows, rows)
+    assert not key_cache.any() and not value_cache.any()  # nothing written before the error
 
 
 def test_op_traces_under_torch_compile(kernel: None) -> None:

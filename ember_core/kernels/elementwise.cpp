@@ -9,6 +9,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "vec8.h"
 
 // torch's rotary (x * cos + rotate_half(x) * sin) rounds each product before the sum; fusing them
 // into FMAs would change the last bit, so this file keeps multiplies and adds apart.
@@ -27,6 +30,27 @@ void check_float_cpu(const at::Tensor& t, const char* op, const char* name) {
               t.scalar_type(), " on ", t.device());
 }
 
+using vdouble4 = double __attribute__((vector_size(4 * sizeof(double))));
+using vfloat4 = float __attribute__((vector_size(4 * sizeof(float))));
+
+// Sum of x[i]^2 in double: four independent vector sums, so the adds do not wait on each other.
+double sum_of_squares(const float* x, int64_t n) {
+  vdouble4 partial[4] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int64_t j = 0; j < 4; ++j) {
+      vfloat4 v;
+      std::memcpy(&v, x + i + 4 * j, sizeof(v));
+      const vdouble4 d = __builtin_convertvector(v, vdouble4);
+      partial[j] += d * d;
+    }
+  }
+  const vdouble4 total4 = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+  double total = (total4[0] + total4[1]) + (total4[2] + total4[3]);
+  for (; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  return total;
+}
+
 // y = x / sqrt(mean(x^2) + eps) * weight, row by row; the mean in double.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_float_cpu(x, "rms_norm", "x");
@@ -42,9 +66,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = in + r * dim;
-      double squares = 0.0;
-      for (int64_t i = 0; i < dim; ++i) squares += static_cast<double>(row[i]) * row[i];
-      const float scale = static_cast<float>(1.0 / std::sqrt(squares / dim + eps));
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum_of_squares(row, dim) / dim + eps));
       for (int64_t i = 0; i < dim; ++i) out[r * dim + i] = w[i] * (row[i] * scale);
     }
   });
@@ -74,7 +96,13 @@ void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) 
       const float* st = s + t * dim;
       for (int64_t h = 0; h < heads; ++h) {
         float* v = data + t * token_stride + h * head_stride;
-        for (int64_t i = 0; i < half; ++i) {
+        int64_t i = 0;
+        for (; i + kLanes <= half; i += kLanes) {
+          const vfloat first = load(v + i), second = load(v + i + half);
+          store(v + i, first * load(ct + i) - second * load(st + i));
+          store(v + i + half, second * load(ct + i + half) + first * load(st + i + half));
+        }
+        for (; i < half; ++i) {
           const float first = v[i], second = v[i + half];
           v[i] = first * ct[i] - second * st[i];
           v[i + half] = second * ct[i + half] + first * st[i + half];
@@ -84,14 +112,46 @@ void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) 
   });
 }
 
+// silu(gate) * up for gate_up = [gate | up] along each row (the fused gate/up projection's output).
+// sigmoid(g) from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0, e / (1 + e) below, so nothing overflows.
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  check_float_cpu(gate_up, "silu_and_mul", "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "silu_and_mul: gate_up must be a contiguous [rows, 2 * n] tensor, got ", gate_up.sizes());
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = in + r * 2 * n;
+      const float* up = gate + n;
+      float* row = y + r * n;
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        const vfloat g = load(gate + i);
+        const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
+        store(row + i, g * ((g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e)) * load(up + i));
+      }
+      for (; i < n; ++i) {
+        const float g = gate[i], e = std::exp(-std::fabs(g));
+        row[i] = g * ((g < 0.0f ? e : 1.0f) / (1.0f + e)) * up[i];
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("rotary_", &rotary_);
+  m.impl("silu_and_mul", &silu_and_mul);
 }

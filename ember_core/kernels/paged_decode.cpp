@@ -31,30 +31,19 @@
 #include <utility>
 #include <vector>
 
+#include "vec8.h"
+
 namespace {
 
-constexpr int64_t kLanes = 8;
 constexpr int64_t kRows = kLanes;  // rows per chunk: their scores are one vector
-using vfloat = float __attribute__((vector_size(kLanes * sizeof(float))));
-using vint = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 using vuint = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 using vbf16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-
-inline vfloat broadcast(float x) { return vfloat{} + x; }
-
-inline vfloat load(const float* p) {
-  vfloat v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 inline vfloat load(const c10::BFloat16* p) {
   vbf16 h;
   std::memcpy(&h, p, sizeof(h));
   return reinterpret_cast<vfloat>(__builtin_convertvector(h, vuint) << 16);
 }
-
-inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
@@ -73,36 +62,10 @@ inline vfloat transpose_sum(const vfloat (&v)[kRows]) {
          __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-inline float sum(vfloat v) {
-  float total = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) total += v[i];
-  return total;
-}
-
 inline float max(vfloat v) {
   float m = v[0];
   for (int64_t i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
   return m;
-}
-
-// exp for x <= 0 (Cephes' polynomial, relative error ~2e-7) as vector code, since std::exp is a libm
-// call per element. Below -87 the result would leave float's normal range: it is flushed to 0.
-inline vfloat exp_nonpositive(vfloat x) {
-  const vfloat round_magic = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const auto underflow = x < -87.0f;
-  x = underflow ? broadcast(-87.0f) : x;
-  const vfloat shifted = x * 1.44269504088896341f + round_magic;
-  const vfloat n = shifted - round_magic;
-  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  vfloat p = broadcast(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const vint exponent = (reinterpret_cast<vint>(shifted) - reinterpret_cast<vint>(round_magic) + 127) << 23;
-  return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);
 }
 
 struct Shapes {
@@ -322,7 +285,7 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
     for (int64_t i = next_span++; i < num_spans; i = next_span++) {
       const int64_t b = spans[i].sequence;
       const Partial result{&maxes[i * num_heads], &sums[i * num_heads], &accs[i * num_heads * head_dim]};
-      attend_span(q + b * num_heads * head_dim, k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+      attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
       if (spans_left[b].fetch_sub(1, std::memory_order_acq_rel) == 1)
         merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, factors.data(),
                     o + b * num_heads * head_dim);
@@ -351,9 +314,12 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(query.is_cpu() && key_cache.is_cpu() && value_cache.is_cpu() && block_tables.is_cpu() &&
                   context_lens.is_cpu(),
               "paged_decode_attention: all tensors must be on the CPU");
-  TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-                  block_tables.is_contiguous() && context_lens.is_contiguous(),
-              "paged_decode_attention: all tensors must be contiguous");
+  // The query's rows may be strided (the q columns of a fused QKV output), its heads not.
+  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2),
+              "paged_decode_attention: each query row's heads must be contiguous, got strides ", query.strides());
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && block_tables.is_contiguous() &&
+                  context_lens.is_contiguous(),
+              "paged_decode_attention: the caches, block_tables and context_lens must be contiguous");
 
   const int64_t batch = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1);

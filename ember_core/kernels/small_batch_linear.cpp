@@ -29,27 +29,13 @@
 #include <utility>
 #include <vector>
 
+#include "vec8.h"
+
 namespace {
 
-constexpr int64_t kLanes = 8;  // one AVX2 register of floats
 constexpr int64_t kTileRows = 4;
 constexpr int64_t kBlockValues = 32;  // weights per GGUF block
 constexpr int64_t kBlockVectors = kBlockValues / kLanes;
-using vfloat = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline vfloat load(const float* p) {
-  vfloat v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
-
-inline float sum(vfloat v) {
-  float total = 0.0f;
-  for (int64_t i = 0; i < kLanes; ++i) total += v[i];
-  return total;
-}
 
 struct Problem {
   const float* x;  // [m, k]
@@ -181,9 +167,9 @@ inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockVectors]) {
 // The float32 values of one block, in registers.
 template <int64_t Format>
 inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
-  const vfloat d = vfloat{} + half_at(block);
+  const vfloat d = broadcast(half_at(block));
   if constexpr (Format == kQ4_1) {
-    const vfloat m = vfloat{} + half_at(block + 2);
+    const vfloat m = broadcast(half_at(block + 2));
     q4_values(block + 4, values);
     // gguf-py rounds d * q, then adds m. d has 11 significant bits and q 4, so the product is exact
     // in float32 and an FMA (which the compiler may form here) rounds the same sum only once.

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember_core.kernels import cpu_ops
+
 
 @dataclass
 class PrefillSlice:
@@ -59,6 +61,18 @@ def _decode_attention(
     ).squeeze(2)
 
 
+def write_kv_cache_(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> None:
+    """key / value [num_tokens, num_kv_heads, head_dim] into the cache slots slot_mapping names."""
+    if key_cache.is_cpu and cpu_ops.is_available():  # one C++ call instead of two index_copy_
+        torch.ops.ember.write_kv_cache_(key_cache, value_cache, slot_mapping, key, value)
+        return
+    num_kv_heads, head_dim = key_cache.shape[2:]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+
+
 def paged_attention(
     query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -67,7 +81,7 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     if not meta.prefills:  # every token is the decode of its own sequence, in batch order
-        return _decode_attention(query.contiguous(), key_cache, value_cache, meta, scale)
+        return _decode_attention(query, key_cache, value_cache, meta, scale)
     out = torch.empty_like(query)
     gqa = key_cache.shape[2] != query.shape[1]
     if meta.num_decodes:
@@ -107,7 +121,6 @@ class PagedAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        self.key_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        self.value_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        write_kv_cache_(self.key_cache, self.value_cache, meta.slot_mapping, k, v)
         out = paged_attention(q, self.key_cache, self.value_cache, meta, self.scale)
         return out.view(num_tokens, self.num_heads * self.head_dim)

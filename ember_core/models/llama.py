@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.activation import silu_and_mul
 from ember_core.layers.attention import AttentionMetadata, PagedAttention
 from ember_core.layers.linear import tied_head
 from ember_core.models.rotary import RopeScaling, apply_rope_, rope_cos_sin, rope_inv_freq
@@ -130,8 +131,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

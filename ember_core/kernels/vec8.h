@@ -1,0 +1,52 @@
+// Eight floats as one vector (GCC/Clang vector extensions): one AVX2 register, and plain code the
+// compiler splits on narrower machines. Shared by ember's C++ CPU ops. Everything sits in an
+// anonymous namespace: every translation unit keeps its own copy, compiled with its own
+// floating-point flags (elementwise.cpp turns FP contraction off).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t kLanes = 8;
+using vfloat = float __attribute__((vector_size(kLanes * sizeof(float))));
+using vint = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline vfloat broadcast(float x) { return vfloat{} + x; }
+
+inline vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float sum(vfloat v) {
+  float total = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) total += v[i];
+  return total;
+}
+
+// exp for x <= 0 (Cephes' polynomial, relative error ~2e-7) as vector code, since std::exp is a libm
+// call per element. Below -87 the result would leave float's normal range: it is flushed to 0.
+inline vfloat exp_nonpositive(vfloat x) {
+  const vfloat round_magic = broadcast(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const auto underflow = x < -87.0f;
+  x = underflow ? broadcast(-87.0f) : x;
+  const vfloat shifted = x * 1.44269504088896341f + round_magic;
+  const vfloat n = shifted - round_magic;
+  const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vfloat p = broadcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vint exponent = (reinterpret_cast<vint>(shifted) - reinterpret_cast<vint>(round_magic) + 127) << 23;
+  return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);
+}
+
+}  // namespace
