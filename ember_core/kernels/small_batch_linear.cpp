@@ -37,6 +37,16 @@ constexpr int64_t kTileRows = 4;
 constexpr int64_t kBlockValues = 32;  // weights per GGUF block
 constexpr int64_t kBlockVectors = kBlockValues / kLanes;
 
+// v, held in a register. Left alone, GCC folds the x loads of a tile into its FMAs and reloads
+// them for every weight row: 16 loads per 12 FMAs for a 3x4 tile, so the loads bound it. Held, a
+// tile step is 7 loads and 12 FMAs (measured 15-20% faster at 16-64 rows).
+inline vfloat in_register(vfloat v) {
+#if defined(__GNUC__) && defined(__AVX__)
+  asm("" : "+x"(v));
+#endif
+  return v;
+}
+
 struct Problem {
   const float* x;  // [m, k]
   const float* bias;  // [n] or null
@@ -57,9 +67,9 @@ inline void dot_tile(const Problem& p, const float* w, int64_t xrow, int64_t row
     if (next != nullptr && i % (2 * kLanes) == 0)
       for (int64_t r = 0; r < Rows; ++r) __builtin_prefetch(next + r * k + i);
     vfloat xv[XRows];
-    for (int64_t a = 0; a < XRows; ++a) xv[a] = load(x + a * k + i);
+    for (int64_t a = 0; a < XRows; ++a) xv[a] = in_register(load(x + a * k + i));
     for (int64_t r = 0; r < Rows; ++r) {
-      const vfloat wv = load(w + r * k + i);
+      const vfloat wv = in_register(load(w + r * k + i));
       for (int64_t a = 0; a < XRows; ++a) acc[a][r] += xv[a] * wv;
     }
   }
