@@ -21,9 +21,9 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 
 # Up to here the C++ kernels beat MKL sgemm for the SmolLM2 shapes on a 2-core AVX2 machine
-# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md: 64 rows ~270-290 ms per step
-# against ~300-325); at 128 rows sgemm wins.
-SMALL_BATCH_ROWS = 64
+# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md: 128 rows ~410 ms per step
+# against ~460-500, without the expansion of GGUF blocks that sgemm would need); at 192 sgemm wins.
+SMALL_BATCH_ROWS = 128
 
 
 def tied_head(embedding: nn.Embedding) -> nn.Linear:
