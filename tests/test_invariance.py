@@ -63,11 +63,12 @@ def test_chunked_prefill_does_not_change_tokens(gpt2_dir, expected, chunk) -> No
     assert_pool_free(llm)
 
 
-def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expected, monkeypatch) -> None:
+def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expected, monkeypatch, caplog) -> None:
     from ember_core.kernels import cpu_ops
 
     monkeypatch.setattr(cpu_ops, "is_available", lambda: False)
     llm = make_llm(gpt2_dir)
     assert not llm.engine.runner.use_decode_kernel
+    assert "C++ CPU ops are unavailable" in caplog.text  # the slow path is not silent
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert_pool_free(llm)

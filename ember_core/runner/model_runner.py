@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -10,6 +12,8 @@ from ember_core.layers.attention import AttentionMetadata, PagedAttention, Prefi
 from ember_core.layers.linear import use_small_batch_linears
 from ember_core.runner.inputs import SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample
+
+logger = logging.getLogger(__name__)
 
 
 def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -27,6 +31,12 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         # Decided once, so the kernel is built (or found in the cache) at engine start.
         self.use_decode_kernel = self.device.type == "cpu" and cpu_ops.is_available()
+        if self.device.type == "cpu" and not self.use_decode_kernel:
+            logger.warning(
+                "ember's C++ CPU ops are unavailable (%s): attention, linears and norms fall back to torch ops, "
+                "several times slower",
+                cpu_ops.unavailable_reason(),
+            )
         # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
         for layer in model.modules():
             if isinstance(layer, PagedAttention):
