@@ -22,8 +22,8 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -133,61 +133,67 @@ int64_t block_bytes(int64_t format) {
   return kBlockBytes[format];
 }
 
+#if defined(__AVX2__)
+// The float32 values of one block, in registers. Every step is exact (half to float, small
+// integers to float, d * q with 11 + 4 or 11 + 8 significant bits), so the values equal gguf-py's:
+// d * q rounded, then + m rounded, which an FMA rounds once to the same result.
+template <int64_t Format>
+inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
+  if constexpr (Format == kQ4_1) {
+    // d and m, the block's two leading halves, go to every 32-bit lane and widen together:
+    // [d, m, d, m, ...]; in-lane permutes then spread each one.
+    const __m256 pairs = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss(reinterpret_cast<const float*>(block))));
+    const __m256 d = _mm256_permute_ps(pairs, 0x00), m = _mm256_permute_ps(pairs, 0x55);
+    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+    // Value j is the low nibble of q[j], value j + 16 the high one: each widened half of q gives two vectors.
+    for (int64_t half = 0; half < 2; ++half) {
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + half * kLanes)));
+      values[half] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble)), m));
+      values[half + 2] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), m));
+    }
+  } else {
+    uint16_t bits;
+    std::memcpy(&bits, block, sizeof(bits));
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(bits)));
+    for (int64_t j = 0; j < kBlockVectors; ++j) {
+      const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + j * kLanes)));
+      values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+    }
+  }
+}
+#else
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, sizeof(bits));
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// Eight 8-bit integers at p, widened to floats; with AVX2 in vector instructions (GCC's generic
-// byte-vector conversion goes through scalar code).
 template <typename Byte>
-inline vfloat bytes_to_floats(const uint8_t* p) {
-#if defined(__AVX2__)
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  const __m256i wide = std::is_signed_v<Byte> ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
-  return reinterpret_cast<vfloat>(_mm256_cvtepi32_ps(wide));
-#else
+inline vfloat bytes_to_floats(const Byte* p) {
   vfloat out;
-  for (int64_t i = 0; i < kLanes; ++i) out[i] = static_cast<float>(static_cast<Byte>(p[i]));
+  for (int64_t i = 0; i < kLanes; ++i) out[i] = static_cast<float>(p[i]);
   return out;
-#endif
 }
 
-// The 32 4-bit values of a Q4_1 block's 16 bytes as floats: value j is the low nibble of q[j],
-// value j + 16 the high one.
-inline void q4_values(const uint8_t* q, vfloat (&values)[kBlockVectors]) {
-#if defined(__AVX2__)
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  const __m128i low = _mm_and_si128(packed, mask), high = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
-  const __m128i parts[] = {low, _mm_srli_si128(low, 8), high, _mm_srli_si128(high, 8)};
-  for (int64_t j = 0; j < kBlockVectors; ++j)
-    values[j] = reinterpret_cast<vfloat>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j])));
-#else
-  uint8_t bytes[kBlockValues];
-  for (int64_t i = 0; i < kBlockValues / 2; ++i) {
-    bytes[i] = q[i] & 0xF;
-    bytes[i + kBlockValues / 2] = q[i] >> 4;
-  }
-  for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<uint8_t>(bytes + j * kLanes);
-#endif
-}
-
-// The float32 values of one block, in registers.
+// The float32 values of one block, in registers: as gguf-py, d * q, then + m (Q4_1), where value j
+// is the low nibble of q[j] and value j + 16 the high one.
 template <int64_t Format>
 inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
   const vfloat d = broadcast(half_at(block));
   if constexpr (Format == kQ4_1) {
     const vfloat m = broadcast(half_at(block + 2));
-    q4_values(block + 4, values);
-    // gguf-py rounds d * q, then adds m. d has 11 significant bits and q 4, so the product is exact
-    // in float32 and an FMA (which the compiler may form here) rounds the same sum only once.
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = d * values[j] + m;
+    uint8_t q[kBlockValues];
+    for (int64_t i = 0; i < kBlockValues / 2; ++i) {
+      q[i] = block[4 + i] & 0xF;
+      q[i + kBlockValues / 2] = block[4 + i] >> 4;
+    }
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = d * bytes_to_floats(q + j * kLanes) + m;
   } else {
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats<int8_t>(block + 2 + j * kLanes) * d;
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats(q + j * kLanes) * d;
   }
 }
+#endif
 
 // Float32 values of one row of k weights from its blocks.
 template <int64_t Format>
@@ -249,6 +255,17 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   return y;
 }
 
+// Hardware prefetchers restart at every 4 KiB page, so a one-row step, which streams the blocks
+// with little compute per byte, would wait on memory between bursts of compute; fetching a few rows
+// ahead overlaps the two (measured: ~1.4x faster). With more x rows the tiles are bound by their
+// FMAs, and prefetching into L1 there only evicts the tile (measured slower).
+constexpr int64_t kPrefetchRowsAhead = 4;
+
+inline void prefetch_rows(const uint8_t* blocks, int64_t first_row, int64_t rows, int64_t row_bytes) {
+  const uint8_t* start = blocks + first_row * row_bytes;
+  for (int64_t offset = 0; offset < rows * row_bytes; offset += 64) __builtin_prefetch(start + offset);
+}
+
 template <int64_t Format>
 void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_bytes) {
   const int64_t tile_rows = tile_rows_for(p.m), full_tiles = p.n / tile_rows, k = p.k;
@@ -259,7 +276,10 @@ void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_b
       if (p.m == 1) {
         // Two rows at a time: their accumulators, x and the expanded values fit in registers
         // (measured: 2 rows ~1.3x faster than 4 or 8, which spill).
-        for (int64_t r = 0; r < tile_rows; r += 2) block_rows_against_one_x_row<Format, 2>(p, blocks, row_bytes, row + r);
+        for (int64_t r = 0; r < tile_rows; r += 2) {
+          prefetch_rows(blocks, row + r + kPrefetchRowsAhead, std::min<int64_t>(2, p.n - row - r - kPrefetchRowsAhead), row_bytes);
+          block_rows_against_one_x_row<Format, 2>(p, blocks, row_bytes, row + r);
+        }
         continue;
       }
       for (int64_t r = 0; r < tile_rows; ++r)
