@@ -133,7 +133,7 @@ int64_t block_bytes(int64_t format) {
   return kBlockBytes[format];
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 // The float32 values of one block, in registers. Every step is exact (half to float, small
 // integers to float, d * q with 11 + 4 or 11 + 8 significant bits), so the values equal gguf-py's:
 // d * q rounded, then + m rounded, which an FMA rounds once to the same result.
