@@ -206,7 +206,9 @@ inline void expand_row(const uint8_t* blocks, int64_t k, float* out) {
 }
 
 // One x row against Rows rows of blocks starting at `row`, each block expanded in registers: no
-// round trip through L1. The sums are dot_tile<1, Rows>'s over the expanded rows, in the same order.
+// round trip through L1. The sums are dot_tile<1, Rows>'s over the expanded rows, in the same order
+// and with the FMAs GCC forms there, spelled out: left to itself, GCC fused only some of them here
+// once the prefetch was added, and the outputs drifted from the float32 kernel's by an ulp.
 template <int64_t Format, int64_t Rows>
 inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks, int64_t row_bytes, int64_t row) {
   vfloat acc[Rows] = {};
@@ -216,7 +218,7 @@ inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks
     for (int64_t r = 0; r < Rows; ++r) {
       vfloat w[kBlockVectors];
       expand_block<Format>(blocks + (row + r) * row_bytes + offset, w);
-      for (int64_t j = 0; j < kBlockVectors; ++j) acc[r] += xv[j] * w[j];
+      for (int64_t j = 0; j < kBlockVectors; ++j) acc[r] = multiply_add(xv[j], w[j], acc[r]);
     }
   }
   for (int64_t r = 0; r < Rows; ++r) {

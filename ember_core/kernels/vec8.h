@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kLanes = 8;
@@ -22,6 +26,18 @@ inline vfloat load(const float* p) {
 }
 
 inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
+
+// a * b + c, rounded once wherever the target has FMA. Whether the compiler fuses `acc += a * b`
+// depends on the code around it (GCC's Zen tuning avoids some FMA chains): code that must give the
+// bits of a contracted loop elsewhere says so explicitly.
+inline vfloat multiply_add(vfloat a, vfloat b, vfloat c) {
+#if defined(__FMA__)
+  return reinterpret_cast<vfloat>(
+      _mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+#else
+  return a * b + c;
+#endif
+}
 
 inline float sum(vfloat v) {
   float total = 0.0f;
