@@ -10,6 +10,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 Admission = Literal["preempt", "reserve"]
 Batching = Literal["continuous", "static"]
 GGUFWeights = Literal["blocks", "dequantized"]
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class EngineConfig:
     # A GGUF model's Q4_1 / Q8_0 weights stay in their blocks when running float32 on CPU (same
     # outputs, 5-7x less memory traffic); "dequantized" expands them to plain float32 tensors.
     gguf_weights: GGUFWeights = "blocks"
+    # "auto": the model's dtype. A float32 model may keep float16 or bfloat16 K/V: half the cache
+    # memory and half the bytes decode attention streams, at the cost of rounding K and V.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -46,6 +50,8 @@ class EngineConfig:
             raise ValueError(f"batching must be 'continuous' or 'static', got {self.batching!r}")
         if self.gguf_weights not in ("blocks", "dequantized"):
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantized', got {self.gguf_weights!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:

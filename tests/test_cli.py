@@ -42,3 +42,9 @@ def test_invalid_setting_from_the_environment_is_a_one_line_error() -> None:
     result = run_ember("generate", "hi", env={**os.environ, "EMBER_GGUF_WEIGHTS": "packed"})
     assert result.returncode == 2
     assert result.stderr.strip() == "ember: error: gguf_weights must be 'blocks' or 'dequantized', got 'packed'"
+
+
+def test_invalid_kv_cache_dtype_is_a_one_line_error() -> None:
+    result = run_ember("generate", "hi", env={**os.environ, "EMBER_KV_CACHE_DTYPE": "int8"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "ember: error: kv_cache_dtype must be one of auto, float32, float16, bfloat16, got 'int8'"

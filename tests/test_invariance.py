@@ -63,6 +63,18 @@ def test_chunked_prefill_does_not_change_tokens(gpt2_dir, expected, chunk) -> No
     assert_pool_free(llm)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_half_size_kv_cache_keeps_batch_and_chunk_invariance(gpt2_dir, kv_cache_dtype) -> None:
+    """Rounded K/V change the tokens a little, but batching and prefill chunking still do not."""
+    llm = make_llm(gpt2_dir, kv_cache_dtype=kv_cache_dtype)
+    alone = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+    assert [o.token_ids for o in llm.generate(PROMPTS[::-1], GREEDY)][::-1] == alone
+    chunked = make_llm(gpt2_dir, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=7, max_num_seqs=4)
+    assert [o.token_ids for o in chunked.generate(PROMPTS, GREEDY)] == alone
+    assert_pool_free(llm)
+    assert_pool_free(chunked)
+
+
 def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expected, monkeypatch, caplog) -> None:
     from ember_core.kernels import cpu_ops
 

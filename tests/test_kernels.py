@@ -90,10 +90,10 @@ def run_kernel(case: Case) -> torch.Tensor:
     )
 
 
-TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("num_kv_heads,group", [(3, 3), (2, 1), (1, 4)], ids=["gqa3", "mha", "mqa4"])
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 36])
 @pytest.mark.parametrize("block_size", [16, 5])
@@ -106,6 +106,20 @@ def test_kernel_matches_reference(
     out = run_kernel(case)
     assert out.dtype == dtype and out.shape == case.query.shape
     torch.testing.assert_close(out.double(), reference(case), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16], ids=["fp16-cache", "bf16-cache"])
+@pytest.mark.parametrize("head_dim", [64, 36])
+def test_float32_query_over_a_narrower_cache(kernel: None, cache_dtype: torch.dtype, head_dim: int) -> None:
+    """A float32 model with --kv-cache-dtype float16 / bfloat16: the kernel widens K/V as it loads
+    them, so the output is the float32 kernel's over the same (rounded) values."""
+    case = make_case([1, 16, 17, 100, 300], num_kv_heads=3, group=3, head_dim=head_dim, block_size=16, dtype=cache_dtype)
+    case = with_changes(case, query=case.query.float())
+    out = run_kernel(case)
+    assert out.dtype == torch.float32
+    widened = run_kernel(with_changes(case, key_cache=case.key_cache.float(), value_cache=case.value_cache.float()))
+    torch.testing.assert_close(out, widened, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("num_threads", [1, 2])
@@ -155,13 +169,9 @@ def with_changes(case: Case, **changes: object) -> Case:
 @pytest.mark.parametrize(
     "change,message",
     [
-        (
-            lambda c: with_changes(
-                c, query=c.query.half(), key_cache=c.key_cache.half(), value_cache=c.value_cache.half()
-            ),
-            "float32 and bfloat16",
-        ),
-        (lambda c: with_changes(c, query=c.query.bfloat16()), "share a dtype"),
+        (lambda c: with_changes(c, query=c.query.double()), "got a Double query over a Float cache"),
+        (lambda c: with_changes(c, query=c.query.bfloat16()), "got a BFloat16 query over a Float cache"),
+        (lambda c: with_changes(c, value_cache=c.value_cache.half()), "must share a dtype"),
         (lambda c: with_changes(c, block_tables=c.block_tables.long()), "int32"),
         (lambda c: with_changes(c, context_lens=c.context_lens.long()), "int32"),
         (lambda c: with_changes(c, query=c.query.transpose(0, 1).contiguous().transpose(0, 1)), "contiguous"),
@@ -172,8 +182,9 @@ def with_changes(case: Case, **changes: object) -> Case:
         (lambda c: with_changes(c, block_tables=c.block_tables[:1]), r"\[batch, max_blocks\]"),
     ],
     ids=[
-        "fp16",
-        "mixed-dtypes",
+        "fp64",
+        "bf16-query-fp32-cache",
+        "mixed-caches",
         "int64-tables",
         "int64-lens",
         "strided-query",
@@ -205,6 +216,19 @@ def test_write_kv_cache_fills_the_slots_index_copy_would(kernel: None, dtype: to
     assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_write_kv_cache_rounds_float32_rows_into_a_narrower_cache(kernel: None, cache_dtype: torch.dtype) -> None:
+    shape = (6, 4, 3, 8)
+    key_cache, value_cache = torch.zeros(shape, dtype=cache_dtype), torch.zeros(shape, dtype=cache_dtype)
+    qkv = torch.randn(5, 9 * 8 + 2 * 3 * 8, generator=torch.Generator().manual_seed(0)) * 300  # some past fp16's precision
+    key, value = (qkv[:, 72 + i * 24 : 96 + i * 24].view(5, 3, 8) for i in range(2))
+    slots = torch.tensor([23, 0, 7, 8, 16])
+    torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, key, value)
+    assert torch.equal(key_cache.view(-1, 3, 8)[slots], key.to(cache_dtype))
+    assert torch.equal(value_cache.view(-1, 3, 8)[slots], value.to(cache_dtype))
+    assert int((key_cache != 0).sum()) == key.numel()  # nothing but those slots
+
+
 @pytest.mark.parametrize(
     "slots,rows,message",
     [
@@ -215,8 +239,9 @@ def test_write_kv_cache_fills_the_slots_index_copy_would(kernel: None, dtype: to
         (torch.tensor([0, 1]), torch.ones(2, 3, 4), "must be \\[tokens, 3, 8\\]"),
         (torch.tensor([0, 1]), torch.ones(2, 8, 3).transpose(1, 2), "heads must be contiguous"),
         (torch.tensor([0, 1]), torch.ones(2, 3, 8, dtype=torch.float64), "dtype"),
+        (torch.tensor([0, 1]), torch.ones(2, 3, 8, dtype=torch.bfloat16), "dtype"),
     ],
-    ids=["past-end", "negative", "int32", "count", "shape", "strided-heads", "dtype"],
+    ids=["past-end", "negative", "int32", "count", "shape", "strided-heads", "dtype", "bf16-into-fp32"],
 )
 def test_write_kv_cache_rejects_what_it_cannot_write(kernel: None, slots, rows, message: str) -> None:
     key_cache, value_cache = torch.zeros(6, 4, 3, 8), torch.zeros(6, 4, 3, 8)

@@ -54,13 +54,14 @@ class Engine:
         model = self.loaded.model
         self.max_model_len = min(self.loaded.max_model_len, config.max_model_len or self.loaded.max_model_len)
         num_blocks = config.num_blocks
-        bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, dtype)
+        kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
+        bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, kv_dtype)
         if num_blocks is None:
             num_blocks = max(1, int(config.kv_cache_mib * 2**20) // bytes_per_block)
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)",
             num_blocks, config.block_size, num_blocks * config.block_size,
-            num_blocks * bytes_per_block / 2**20, dtype,
+            num_blocks * bytes_per_block / 2**20, kv_dtype,
         )
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
@@ -71,7 +72,7 @@ class Engine:
             admission=config.admission,
             batching=config.batching,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype)
         self.stop_token_ids = self.loaded.stop_token_ids
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()

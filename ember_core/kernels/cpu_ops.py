@@ -94,6 +94,13 @@ def unavailable_reason() -> str | None:
     return None if error is None else f"{type(error).__name__}: {error}"
 
 
+def decode_attention_supports(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
+    """Whether `paged_decode_attention` is built for this query / KV cache dtype pair (paged_decode.cpp)."""
+    if query_dtype == torch.float32:
+        return cache_dtype in (torch.float32, torch.float16, torch.bfloat16)
+    return query_dtype in (torch.bfloat16, torch.float16) and cache_dtype == query_dtype
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [batch, num_heads, head_dim], contiguous
     key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]

@@ -1,11 +1,15 @@
 // A step's new K/V rows into their slots of the paged cache, both caches in one call: a row copy per
-// token. Two index_copy_ calls through the dispatcher cost ~10x more at decode sizes.
+// token. Two index_copy_ calls through the dispatcher cost ~10x more at decode sizes. A float32
+// model may keep a float16 or bfloat16 cache: its rows are then rounded as `.to(cache dtype)` does.
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace {
 
@@ -17,9 +21,24 @@ void check_rows(const at::Tensor& rows, const at::Tensor& cache, const char* nam
               rows.sizes());
   TORCH_CHECK(rows.stride(2) == 1 && rows.stride(1) == rows.size(2), "write_kv_cache_: each token's ", name,
               " heads must be contiguous, got strides ", rows.strides());
-  TORCH_CHECK(rows.scalar_type() == cache.scalar_type() && rows.device() == cache.device(), "write_kv_cache_: ", name,
-              " must match the cache's dtype and device, got ", rows.scalar_type(), " for a ",
-              cache.scalar_type(), " cache");
+  const bool rounded = rows.scalar_type() == at::kFloat &&
+                       (cache.scalar_type() == at::kHalf || cache.scalar_type() == at::kBFloat16);
+  TORCH_CHECK((rows.scalar_type() == cache.scalar_type() || rounded) && rows.device() == cache.device(),
+              "write_kv_cache_: ", name, " must be on the cache's device, in its dtype (or float32 for a float16 or "
+              "bfloat16 cache), got ", rows.scalar_type(), " for a ", cache.scalar_type(), " cache");
+}
+
+template <typename T>
+void write_rounded(const at::Tensor& key_cache, const at::Tensor& value_cache, const int64_t* slots,
+                   const at::Tensor& key, const at::Tensor& value) {
+  const int64_t row_size = key_cache.size(2) * key_cache.size(3);
+  const std::pair<const at::Tensor*, const at::Tensor*> pairs[] = {{&key, &key_cache}, {&value, &value_cache}};
+  for (const auto& [rows, cache] : pairs) {
+    const float* in = rows->template data_ptr<float>();
+    T* out = cache->template data_ptr<T>();
+    for (int64_t t = 0; t < rows->size(0); ++t)
+      for (int64_t i = 0; i < row_size; ++i) out[slots[t] * row_size + i] = static_cast<T>(in[t * rows->stride(0) + i]);
+  }
 }
 
 void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
@@ -31,6 +50,8 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
               "head_dim] of one dtype, got ", key_cache.sizes(), " and ", value_cache.sizes());
   check_rows(key, key_cache, "key");
   check_rows(value, key_cache, "value");
+  TORCH_CHECK(key.scalar_type() == value.scalar_type(), "write_kv_cache_: key and value must share a dtype, got ",
+              key.scalar_type(), " and ", value.scalar_type());
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 && slot_mapping.is_contiguous() &&
                   slot_mapping.is_cpu() && slot_mapping.size(0) == key.size(0) && value.size(0) == key.size(0),
               "write_kv_cache_: slot_mapping must be a contiguous int64 CPU tensor of one slot per token, got ",
@@ -41,14 +62,20 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
   for (int64_t t = 0; t < key.size(0); ++t)
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "write_kv_cache_: slot_mapping[", t, "] = ", slots[t],
                 " is outside the cache's ", num_slots, " slots");
-  auto* key_out = static_cast<char*>(key_cache.data_ptr());
-  auto* value_out = static_cast<char*>(value_cache.data_ptr());
-  const auto* key_in = static_cast<const char*>(key.data_ptr());
-  const auto* value_in = static_cast<const char*>(value.data_ptr());
-  const int64_t key_stride = key.stride(0) * key.element_size(), value_stride = value.stride(0) * value.element_size();
-  for (int64_t t = 0; t < key.size(0); ++t) {
-    std::memcpy(key_out + slots[t] * row_bytes, key_in + t * key_stride, row_bytes);
-    std::memcpy(value_out + slots[t] * row_bytes, value_in + t * value_stride, row_bytes);
+  if (key.scalar_type() == key_cache.scalar_type() && value.scalar_type() == key_cache.scalar_type()) {
+    auto* key_out = static_cast<char*>(key_cache.data_ptr());
+    auto* value_out = static_cast<char*>(value_cache.data_ptr());
+    const auto* key_in = static_cast<const char*>(key.data_ptr());
+    const auto* value_in = static_cast<const char*>(value.data_ptr());
+    const int64_t key_stride = key.stride(0) * key.element_size(), value_stride = value.stride(0) * value.element_size();
+    for (int64_t t = 0; t < key.size(0); ++t) {
+      std::memcpy(key_out + slots[t] * row_bytes, key_in + t * key_stride, row_bytes);
+      std::memcpy(value_out + slots[t] * row_bytes, value_in + t * value_stride, row_bytes);
+    }
+  } else if (key_cache.scalar_type() == at::kHalf) {
+    write_rounded<c10::Half>(key_cache, value_cache, slots, key, value);
+  } else {
+    write_rounded<c10::BFloat16>(key_cache, value_cache, slots, key, value);
   }
 }
 

@@ -1,6 +1,7 @@
 // Decode attention straight out of the paged KV cache: one query token per sequence attends over
 // the first context_len tokens its block table points at. K/V are read in place (no gather copy);
-// scores, softmax and the weighted sum of V are computed in float32.
+// scores, softmax and the weighted sum of V are computed in float32. A float32 query may read a
+// float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
 //
 // Work item = a span of whole blocks of one sequence, all heads: a block's rows are contiguous
 // ([block_size, kv_heads, head_dim]), so an item streams through memory the way the hardware
@@ -19,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -30,6 +32,10 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "vec8.h"
 
@@ -45,8 +51,19 @@ inline vfloat load(const c10::BFloat16* p) {
   return reinterpret_cast<vfloat>(__builtin_convertvector(h, vuint) << 16);
 }
 
+inline vfloat load(const c10::Half* p) {
+#if defined(__F16C__)
+  return reinterpret_cast<vfloat>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  vfloat v;
+  for (int64_t i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+#endif
+}
+
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
 // Sums of adjacent pairs, a's and b's interleaved per 128-bit half (vhaddps).
 inline vfloat pair_sums(vfloat a, vfloat b) {
@@ -173,8 +190,8 @@ inline Chunk chunk_at(int64_t t, int64_t end, const int32_t* block_table, const 
   return chunk;
 }
 
-template <typename T>
-void attend_span(const T* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
+template <typename Q, typename T>
+void attend_span(const Q* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
                  const Span& span, const Shapes& s, float scale, Scratch& scratch, const Partial& result) {
   const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
   float* q = scratch.query.data();
@@ -236,17 +253,17 @@ void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums
   }
 }
 
-template <typename T>
+template <typename Q, typename T>
 void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
          const at::Tensor& block_tables, const at::Tensor& context_lens, float scale, at::Tensor& out,
          const Shapes& s) {
   const int64_t batch = query.size(0), num_heads = s.num_heads, head_dim = s.head_dim;
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const T* q = query.data_ptr<T>();
+  const Q* q = query.data_ptr<Q>();
   const T* k = key_cache.data_ptr<T>();
   const T* v = value_cache.data_ptr<T>();
-  T* o = out.data_ptr<T>();
+  Q* o = out.data_ptr<Q>();
 
   // Enough spans for every thread to stay busy while the others finish theirs, but at least
   // kMinSpanTokens each: a span has a fixed cost (query, softmax, merge).
@@ -275,7 +292,7 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
     const int64_t count = first_span[b + 1] - first_span[b];
     spans_left[b].store(count, std::memory_order_relaxed);
     max_spans_per_sequence = std::max(max_spans_per_sequence, count);
-    if (count == 0) std::fill(o + b * num_heads * head_dim, o + (b + 1) * num_heads * head_dim, static_cast<T>(0.0f));
+    if (count == 0) std::fill(o + b * num_heads * head_dim, o + (b + 1) * num_heads * head_dim, static_cast<Q>(0.0f));
   }
 
   std::atomic<int64_t> next_span{0};
@@ -293,6 +310,12 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
   });
 }
 
+// Query / cache dtype pairs the kernel is built for: a float32 model may keep a half-size cache.
+bool supports(at::ScalarType query, at::ScalarType cache) {
+  if (query == at::kFloat) return cache == at::kFloat || cache == at::kHalf || cache == at::kBFloat16;
+  return (query == at::kBFloat16 || query == at::kHalf) && cache == query;
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale) {
@@ -302,12 +325,13 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
               "paged_decode_attention: key_cache and value_cache must both be "
               "[num_blocks, block_size, kv_heads, head_dim], got ", key_cache.sizes(), " and ",
               value_cache.sizes());
-  const auto dtype = query.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "paged_decode_attention: supports float32 and bfloat16, got ", dtype);
-  TORCH_CHECK(key_cache.scalar_type() == dtype && value_cache.scalar_type() == dtype,
-              "paged_decode_attention: query, key_cache and value_cache must share a dtype, got ", dtype,
-              ", ", key_cache.scalar_type(), ", ", value_cache.scalar_type());
+  const auto dtype = query.scalar_type(), cache_dtype = key_cache.scalar_type();
+  TORCH_CHECK(value_cache.scalar_type() == cache_dtype, "paged_decode_attention: key_cache and value_cache must share a dtype, got ",
+              cache_dtype, " and ", value_cache.scalar_type());
+  TORCH_CHECK(supports(dtype, cache_dtype),
+              "paged_decode_attention: supports a float32 query over a float32, float16 or bfloat16 cache, and a "
+              "bfloat16 or float16 query over a cache of its dtype; got a ", dtype, " query over a ", cache_dtype,
+              " cache");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "paged_decode_attention: block_tables and context_lens must be int32, got ",
               block_tables.scalar_type(), " and ", context_lens.scalar_type());
@@ -351,10 +375,16 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   const Shapes shapes{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim, block_size, max_blocks,
                       block_size * num_kv_heads * head_dim, num_kv_heads * head_dim};
   const float scale_f = static_cast<float>(scale);
-  if (dtype == at::kFloat)
-    run<float>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  if (dtype == at::kBFloat16)
+    run<c10::BFloat16, c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  else if (dtype == at::kHalf)
+    run<c10::Half, c10::Half>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  else if (cache_dtype == at::kHalf)
+    run<float, c10::Half>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+  else if (cache_dtype == at::kBFloat16)
+    run<float, c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
   else
-    run<c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    run<float, float>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
   return out;
 }
 

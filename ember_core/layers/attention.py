@@ -52,9 +52,9 @@ def _decode_attention(
         return torch.ops.ember.paged_decode_attention(
             q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
         )
-    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d]
-    keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
-    values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2)
+    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be narrower)
+    keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
     return F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=meta.decode_key_mask, scale=scale,
         enable_gqa=key_cache.shape[2] != q.shape[1],
@@ -65,12 +65,13 @@ def write_kv_cache_(
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> None:
     """key / value [num_tokens, num_kv_heads, head_dim] into the cache slots slot_mapping names."""
-    if key_cache.is_cpu and cpu_ops.is_available():  # one C++ call instead of two index_copy_
+    # One C++ call instead of two index_copy_; it also rounds float32 rows into a narrower cache.
+    if key_cache.is_cpu and cpu_ops.is_available() and key.dtype in (key_cache.dtype, torch.float32):
         torch.ops.ember.write_kv_cache_(key_cache, value_cache, slot_mapping, key, value)
         return
     num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
 
 
 def paged_attention(
@@ -87,8 +88,8 @@ def paged_attention(
     if meta.num_decodes:
         out[meta.decode_token_index] = _decode_attention(query[meta.decode_token_index], key_cache, value_cache, meta, scale)
     for p in meta.prefills:
-        keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
-        values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1)
+        keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
+        values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
         q = query[p.token_start : p.token_start + p.num_tokens].transpose(0, 1)  # [heads, n, d]
         offset = p.context_len - p.num_tokens
         if offset == 0:

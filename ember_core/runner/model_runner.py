@@ -23,15 +23,17 @@ def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dty
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: nn.Module, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype | None = None) -> None:
         use_small_batch_linears(model)
         self.model = model
         self.block_size = block_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.kv_cache_dtype = kv_cache_dtype or param.dtype
         # Decided once, so the kernel is built (or found in the cache) at engine start.
-        self.use_decode_kernel = self.device.type == "cpu" and cpu_ops.is_available()
-        if self.device.type == "cpu" and not self.use_decode_kernel:
+        kernel_available = self.device.type == "cpu" and cpu_ops.is_available()
+        self.use_decode_kernel = kernel_available and cpu_ops.decode_attention_supports(self.dtype, self.kv_cache_dtype)
+        if self.device.type == "cpu" and not kernel_available:
             logger.warning(
                 "ember's C++ CPU ops are unavailable (%s): attention, linears and norms fall back to torch ops, "
                 "several times slower",
@@ -41,8 +43,8 @@ class ModelRunner:
         for layer in model.modules():
             if isinstance(layer, PagedAttention):
                 shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-                layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
-                layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.dtype)
+                layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
+                layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

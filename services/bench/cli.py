@@ -10,11 +10,11 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from ember_core.config import DEFAULT_MODEL, EngineConfig
+from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 
 from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
 
-ENGINE_FLAGS = ("block_size", "num_blocks", "kv_cache_mib", "max_num_batched_tokens", "max_model_len", "device")
+ENGINE_FLAGS = ("block_size", "num_blocks", "kv_cache_mib", "kv_cache_dtype", "max_num_batched_tokens", "max_model_len", "device")
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -83,6 +83,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--block-size", type=int, default=defaults.block_size)
     offline.add_argument("--num-blocks", type=int, help="KV pool size in blocks (overrides --kv-cache-mib)")
     offline.add_argument("--kv-cache-mib", type=float, default=defaults.kv_cache_mib)
+    offline.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=defaults.kv_cache_dtype)
     offline.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     offline.add_argument("--max-model-len", type=int)
     offline.add_argument("--transformers", action="store_true",
