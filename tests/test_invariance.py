@@ -75,6 +75,15 @@ def test_half_size_kv_cache_keeps_batch_and_chunk_invariance(gpt2_dir, kv_cache_
     assert_pool_free(chunked)
 
 
+def test_a_cache_dtype_the_kernel_lacks_falls_back_to_sdpa_and_says_so(gpt2_dir, caplog) -> None:
+    llm = LLM(str(gpt2_dir), device="cpu", dtype="bfloat16", kv_cache_dtype="float16", block_size=16, num_blocks=64)
+    assert not llm.engine.runner.use_decode_kernel
+    assert "does not take a torch.bfloat16 model over a torch.float16 KV cache" in caplog.text
+    outputs = llm.generate(PROMPTS[:2], GREEDY)
+    assert [len(o.token_ids) for o in outputs] == [GREEDY.max_tokens] * 2
+    assert_pool_free(llm)
+
+
 def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expected, monkeypatch, caplog) -> None:
     from ember_core.kernels import cpu_ops
 

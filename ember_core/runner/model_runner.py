@@ -39,6 +39,12 @@ class ModelRunner:
                 "several times slower",
                 cpu_ops.unavailable_reason(),
             )
+        elif kernel_available and not self.use_decode_kernel:
+            logger.warning(
+                "the decode-attention kernel does not take a %s model over a %s KV cache: decodes use SDPA over "
+                "gathered blocks, several times slower",
+                self.dtype, self.kv_cache_dtype,
+            )
         # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
         for layer in model.modules():
             if isinstance(layer, PagedAttention):
