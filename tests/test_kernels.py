@@ -122,6 +122,20 @@ def test_float32_query_over_a_narrower_cache(kernel: None, cache_dtype: torch.dt
     torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
 
 
+def test_supported_dtype_pairs_are_exactly_those_the_kernel_runs(kernel: None) -> None:
+    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+    for query_dtype in dtypes:
+        for cache_dtype in dtypes:
+            case = make_case([5, 20], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=cache_dtype)
+            case = with_changes(case, query=case.query.to(query_dtype))
+            try:
+                run_kernel(case)
+                ran = True
+            except RuntimeError:
+                ran = False
+            assert cpu_ops.decode_attention_supports(query_dtype, cache_dtype) == ran, (query_dtype, cache_dtype)
+
+
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize(
     "context_lens", [[1], [613], [16] * 40, [200, 7, 450, 33]], ids=["one", "long", "many", "mixed"]

@@ -1,7 +1,7 @@
 """Loader for ember's C++ CPU ops, one extension built from the .cpp files next to this one:
-`torch.ops.ember.paged_decode_attention` (paged_decode.cpp), `small_batch_linear`,
-`gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp), `rms_norm`, `rotary_` and
-`silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp).
+`torch.ops.ember.paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
+`small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp),
+`rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp).
 
 The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
 callers can ask `is_available()` once and fall back to SDPA / torch's GEMM without paying for a
@@ -95,10 +95,9 @@ def unavailable_reason() -> str | None:
 
 
 def decode_attention_supports(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
-    """Whether `paged_decode_attention` is built for this query / KV cache dtype pair (paged_decode.cpp)."""
-    if query_dtype == torch.float32:
-        return cache_dtype in (torch.float32, torch.float16, torch.bfloat16)
-    return query_dtype in (torch.bfloat16, torch.float16) and cache_dtype == query_dtype
+    """Whether `paged_decode_attention` is built for this query / KV cache dtype pair (asks the
+    kernel, so the list lives in paged_decode.cpp only); False without the extension."""
+    return is_available() and torch.ops.ember.paged_decode_attention_supports(query_dtype, cache_dtype)
 
 
 def paged_decode_attention(

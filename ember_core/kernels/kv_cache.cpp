@@ -62,7 +62,7 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
   for (int64_t t = 0; t < key.size(0); ++t)
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "write_kv_cache_: slot_mapping[", t, "] = ", slots[t],
                 " is outside the cache's ", num_slots, " slots");
-  if (key.scalar_type() == key_cache.scalar_type() && value.scalar_type() == key_cache.scalar_type()) {
+  if (key.scalar_type() == key_cache.scalar_type()) {  // value's dtype is key's (checked above)
     auto* key_out = static_cast<char*>(key_cache.data_ptr());
     auto* value_out = static_cast<char*>(value_cache.data_ptr());
     const auto* key_in = static_cast<const char*>(key.data_ptr());

@@ -394,6 +394,8 @@ TORCH_LIBRARY(ember, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
       "Tensor context_lens, float scale) -> Tensor");
+  // No tensor to dispatch on: one kernel for every backend.
+  m.def("paged_decode_attention_supports(ScalarType query, ScalarType cache) -> bool", &supports);
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
