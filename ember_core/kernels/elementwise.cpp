@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops.h"
 #include "vec8.h"
 
 // torch's rotary (x * cos + rotate_half(x) * sin) rounds each product before the sum; fusing them
@@ -50,6 +51,10 @@ double sum_of_squares(const float* x, int64_t n) {
   for (; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
   return total;
 }
+
+}  // namespace
+
+namespace ember {
 
 // y = x / sqrt(mean(x^2) + eps) * weight, row by row; the mean in double.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -142,7 +147,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-}  // namespace
+}  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -151,7 +156,7 @@ TORCH_LIBRARY_FRAGMENT(ember, m) {
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("rotary_", &rotary_);
-  m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("rms_norm", &ember::rms_norm);
+  m.impl("rotary_", &ember::rotary_);
+  m.impl("silu_and_mul", &ember::silu_and_mul);
 }

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <utility>
 
+#include "ops.h"
+
 namespace {
 
 // [tokens, kv_heads, head_dim] with each token's heads contiguous (rows may be strided: the k/v
@@ -40,6 +42,10 @@ void write_rounded(const at::Tensor& key_cache, const at::Tensor& value_cache, c
       for (int64_t i = 0; i < row_size; ++i) out[slots[t] * row_size + i] = static_cast<T>(in[t * rows->stride(0) + i]);
   }
 }
+
+}  // namespace
+
+namespace ember {
 
 void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
                      const at::Tensor& key, const at::Tensor& value) {
@@ -79,10 +85,10 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
   }
 }
 
-}  // namespace
+}  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def("write_kv_cache_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor key, Tensor value) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("write_kv_cache_", &write_kv_cache_); }
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("write_kv_cache_", &ember::write_kv_cache_); }

@@ -37,6 +37,7 @@
 #include <immintrin.h>
 #endif
 
+#include "ops.h"
 #include "vec8.h"
 
 namespace {
@@ -316,6 +317,10 @@ bool supports(at::ScalarType query, at::ScalarType cache) {
   return (query == at::kBFloat16 || query == at::kHalf) && cache == query;
 }
 
+}  // namespace
+
+namespace ember {
+
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale) {
@@ -388,7 +393,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   return out;
 }
 
-}  // namespace
+}  // namespace ember
 
 TORCH_LIBRARY(ember, m) {
   m.def(
@@ -398,4 +403,4 @@ TORCH_LIBRARY(ember, m) {
   m.def("paged_decode_attention_supports(ScalarType query, ScalarType cache) -> bool", &supports);
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("paged_decode_attention", &ember::paged_decode_attention); }

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops.h"
 #include "vec8.h"
 
 namespace {
@@ -237,26 +238,6 @@ void check_blocks(const at::Tensor& blocks, int64_t format, int64_t k, const cha
               k / kBlockValues * block_bytes(format), " bytes in this format, blocks has ", blocks.size(1));
 }
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_cpu() && weight.is_contiguous(),
-              "small_batch_linear: weight must be a contiguous float32 CPU tensor [n, k], got ", weight.sizes());
-  const int64_t n = weight.size(0), k = weight.size(1);
-  at::Tensor y = check_inputs_and_allocate(x, n, k, bias, "small_batch_linear");
-  const int64_t m = x.size(0);
-  if (m == 0 || n == 0) return y;
-  const Problem p{x.data_ptr<float>(), bias_or_null(bias), y.data_ptr<float>(), m, n, k};
-  const float* w = weight.data_ptr<float>();
-  const int64_t tile_rows = tile_rows_for(m), full_tiles = n / tile_rows;
-  at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) {
-      const float* next = tile + 1 < full_tiles ? w + (tile + 1) * tile_rows * k : nullptr;
-      tile_against_x(p, w + tile * tile_rows * k, tile * tile_rows, next);
-    }
-  });
-  for (int64_t row = full_tiles * tile_rows; row < n; ++row) rows_against_all_of_x<1>(p, w + row * k, row, nullptr);
-  return y;
-}
-
 // Hardware prefetchers restart at every 4 KiB page, so a one-row step, which streams the blocks
 // with little compute per byte, would wait on memory between bursts of compute; fetching a few rows
 // ahead overlaps the two (measured: ~1.4x faster). With more x rows the tiles are bound by their
@@ -296,6 +277,30 @@ void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_b
   }
 }
 
+}  // namespace
+
+namespace ember {
+
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_cpu() && weight.is_contiguous(),
+              "small_batch_linear: weight must be a contiguous float32 CPU tensor [n, k], got ", weight.sizes());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  at::Tensor y = check_inputs_and_allocate(x, n, k, bias, "small_batch_linear");
+  const int64_t m = x.size(0);
+  if (m == 0 || n == 0) return y;
+  const Problem p{x.data_ptr<float>(), bias_or_null(bias), y.data_ptr<float>(), m, n, k};
+  const float* w = weight.data_ptr<float>();
+  const int64_t tile_rows = tile_rows_for(m), full_tiles = n / tile_rows;
+  at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const float* next = tile + 1 < full_tiles ? w + (tile + 1) * tile_rows * k : nullptr;
+      tile_against_x(p, w + tile * tile_rows * k, tile * tile_rows, next);
+    }
+  });
+  for (int64_t row = full_tiles * tile_rows; row < n; ++row) rows_against_all_of_x<1>(p, w + row * k, row, nullptr);
+  return y;
+}
+
 at::Tensor gguf_block_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
                              int64_t format, int64_t in_features) {
   const int64_t n = blocks.size(0), k = in_features;
@@ -328,7 +333,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t format, int64_t in_
   return out;
 }
 
-}  // namespace
+}  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
@@ -337,7 +342,7 @@ TORCH_LIBRARY_FRAGMENT(ember, m) {
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
-  m.impl("small_batch_linear", &small_batch_linear);
-  m.impl("gguf_block_linear", &gguf_block_linear);
-  m.impl("gguf_dequantize", &gguf_dequantize);
+  m.impl("small_batch_linear", &ember::small_batch_linear);
+  m.impl("gguf_block_linear", &ember::gguf_block_linear);
+  m.impl("gguf_dequantize", &ember::gguf_dequantize);
 }

@@ -39,6 +39,11 @@ class AttentionMetadata:
     def num_decodes(self) -> int:
         return self.decode_token_index.numel()
 
+    @property
+    def decodes_only_on_kernel(self) -> bool:
+        """Every token is a decode and the C++ kernel attends (CPU): a layer may run as one C++ call."""
+        return not self.prefills and self.decode_key_mask is None
+
 
 def _decode_attention(
     q: torch.Tensor,  # [num_decodes, num_heads, head_dim]

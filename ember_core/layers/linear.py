@@ -76,6 +76,17 @@ class GGUFBlockLinear(nn.Module):
         return F.linear(x, self.dequantized_weight(), self.bias)
 
 
+# torch.ops.ember.llama_decode_layer_'s format code for a float32 [out, in] weight.
+FLOAT32_WEIGHT_FORMAT = -1
+
+
+def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(weight or blocks, bias, format code) of a linear, as torch.ops.ember.llama_decode_layer_ takes it."""
+    if isinstance(linear, GGUFBlockLinear):
+        return linear.blocks, linear.bias, linear.format
+    return linear.weight, linear.bias, FLOAT32_WEIGHT_FORMAT
+
+
 def use_small_batch_linears(model: nn.Module) -> int:
     """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
     are available; returns how many were swapped."""

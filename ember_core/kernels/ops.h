@@ -1,0 +1,31 @@
+// ember's C++ CPU ops as C++ functions, so one op can call another directly (decoder_layer.cpp);
+// each is also registered as torch.ops.ember.<name> by the file that defines it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace ember {
+
+// elementwise.cpp
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// kv_cache.cpp
+void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                     const at::Tensor& key, const at::Tensor& value);
+
+// paged_decode.cpp
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+
+// small_batch_linear.cpp
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+at::Tensor gguf_block_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
+                             int64_t format, int64_t in_features);
+at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t format, int64_t in_features);
+
+}  // namespace ember
