@@ -151,6 +151,47 @@ def test_kernel_is_correct_however_the_work_is_split(kernel: None, num_threads: 
     torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
 
 
+def _in_blocks_of(case: Case, block_size: int) -> Case:
+    """The same sequences' K/V laid out again in blocks of another size."""
+    lens = case.context_lens.tolist()
+    held = [-(-n // block_size) for n in lens]
+    firsts = [sum(held[:b]) for b in range(len(lens))]
+    caches = []
+    for cache in (case.key_cache, case.value_cache):
+        relaid = torch.zeros(sum(held), block_size, *cache.shape[2:], dtype=cache.dtype)
+        rows = relaid.flatten(0, 1)
+        for b, n in enumerate(lens):
+            table = case.block_tables[b, : -(-n // cache.shape[1])].long()
+            rows[firsts[b] * block_size : firsts[b] * block_size + n] = cache[table].flatten(0, 1)[:n]
+        caches.append(relaid)
+    tables = [list(range(first, first + h)) + [0] * (max(held) - h) for first, h in zip(firsts, held)]
+    return with_changes(
+        case, key_cache=caches[0], value_cache=caches[1], block_tables=torch.tensor(tables, dtype=torch.int32)
+    )
+
+
+def test_a_sequences_output_bits_depend_on_its_own_query_and_kv_only(kernel: None) -> None:
+    """Greedy decoding must not change with batch composition, thread count or block size (the
+    engine's invariance), so neither may one bit of a sequence's attention output."""
+    lens = [613, 200, 7, 450, 64, 65, 1, 1100]
+    case = make_case(lens, num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32, seed=2)
+    batched = run_kernel(case)
+    for b in range(len(lens)):
+        alone = with_changes(
+            case, query=case.query[b : b + 1], block_tables=case.block_tables[b : b + 1],
+            context_lens=case.context_lens[b : b + 1],
+        )
+        assert torch.equal(run_kernel(alone)[0], batched[b]), f"sequence {b} alone"
+    for block_size in (1, 5, 64):
+        assert torch.equal(run_kernel(_in_blocks_of(case, block_size)), batched), f"blocks of {block_size}"
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(run_kernel(case), batched), "one thread"
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_query_rows_may_be_strided(kernel: None) -> None:
     """The q columns of a fused QKV output: each row's heads contiguous, rows further apart."""
     case = make_case([5, 40, 17], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)

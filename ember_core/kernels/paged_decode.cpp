@@ -3,12 +3,12 @@
 // scores, softmax and the weighted sum of V are computed in float32. A float32 query may read a
 // float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
 //
-// Work item = a span of whole blocks of one sequence, all heads: a block's rows are contiguous
-// ([block_size, kv_heads, head_dim]), so an item streams through memory the way the hardware
-// prefetcher likes. Long contexts are cut into several spans when that is needed to give every
-// thread work; the thread that finishes a sequence's last span merges them with the usual max/sum
-// rescaling. Threads take items from a shared counter, since mixed context lengths make their
-// costs uneven.
+// Work item = a span of one sequence's tokens, all heads. A sequence is cut into spans by its own
+// length alone (64 tokens each; longer ones past 512 tokens, so there are at most 8), never by the
+// batch or the thread count, so its output bits depend on its query and K/V only: greedy decoding
+// stays independent of batch composition, thread count and block size. The thread that finishes a
+// sequence's last span merges them with the usual max/sum rescaling. Threads take items from a
+// shared counter, since mixed context lengths make their costs uneven.
 //
 // Within a span: pass 1 computes the scores of all heads chunk by chunk (kRows rows of one block,
 // whose scores fill one vector), a vectorised softmax turns them into weights, pass 2 sums V.
@@ -152,7 +152,7 @@ inline std::pair<float, float> softmax_weights(float* row, int64_t length) {
   return {max_score, total};
 }
 
-// Tokens [begin, end) of one sequence's context; begin is at a block boundary.
+// Tokens [begin, end) of one sequence's context.
 struct Span {
   int64_t sequence, begin, end;
 };
@@ -246,9 +246,18 @@ void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums
       total += sums[at] * factors[i];
     }
     for (int64_t i = 0; i < num_spans; ++i) factors[i] /= total;
-    for (int64_t d = 0; d < head_dim; ++d) {
+    const float* head_accs = &accs[(first_span * num_heads + h) * head_dim];
+    const int64_t span_stride = num_heads * head_dim;
+    int64_t d = 0;
+    for (; d + kLanes <= head_dim; d += kLanes) {
+      vfloat value{};
+      for (int64_t i = 0; i < num_spans; ++i)
+        value = multiply_add(load(head_accs + i * span_stride + d), broadcast(factors[i]), value);
+      for (int64_t j = 0; j < kLanes; ++j) out[h * head_dim + d + j] = static_cast<T>(value[j]);
+    }
+    for (; d < head_dim; ++d) {
       float value = 0.0f;
-      for (int64_t i = 0; i < num_spans; ++i) value += accs[((first_span + i) * num_heads + h) * head_dim + d] * factors[i];
+      for (int64_t i = 0; i < num_spans; ++i) value += head_accs[i * span_stride + d] * factors[i];
       out[h * head_dim + d] = static_cast<T>(value);
     }
   }
@@ -266,21 +275,21 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
   const T* v = value_cache.data_ptr<T>();
   Q* o = out.data_ptr<Q>();
 
-  // Enough spans for every thread to stay busy while the others finish theirs, but at least
-  // kMinSpanTokens each: a span has a fixed cost (query, softmax, merge).
-  constexpr int64_t kMinSpanTokens = 64, kSpansPerThread = 4;
-  int64_t total_blocks = 0;
-  for (int64_t b = 0; b < batch; ++b) total_blocks += (lens[b] + s.block_size - 1) / s.block_size;
+  // Spans of kSpanTokens give two or more threads work from 65 tokens on; longer contexts take
+  // longer spans, since each has a fixed cost (query, softmax, merge).
+  constexpr int64_t kSpanTokens = 64, kMaxSpansPerSequence = 8;
   const int64_t num_threads = at::get_num_threads();
-  const int64_t span_blocks = std::max((kMinSpanTokens + s.block_size - 1) / s.block_size,
-                                       (total_blocks + num_threads * kSpansPerThread - 1) / (num_threads * kSpansPerThread));
-  const int64_t span_tokens = span_blocks * s.block_size;
   std::vector<Span> spans;
   std::vector<int64_t> first_span(batch + 1);
+  int64_t longest_span = 0;
   for (int64_t b = 0; b < batch; ++b) {
     first_span[b] = static_cast<int64_t>(spans.size());
+    const int64_t span_tokens =
+        kSpanTokens * std::max<int64_t>(1, (lens[b] + kSpanTokens * kMaxSpansPerSequence - 1) /
+                                               (kSpanTokens * kMaxSpansPerSequence));
     for (int64_t begin = 0; begin < lens[b]; begin += span_tokens)
       spans.push_back({b, begin, std::min<int64_t>(begin + span_tokens, lens[b])});
+    longest_span = std::max(longest_span, std::min<int64_t>(span_tokens, lens[b]));
   }
   first_span[batch] = static_cast<int64_t>(spans.size());
   const int64_t num_spans = first_span[batch];
@@ -298,7 +307,7 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
 
   std::atomic<int64_t> next_span{0};
   at::parallel_for(0, std::min(num_threads, num_spans), 1, [&](int64_t, int64_t) {
-    Scratch scratch(s, std::min(span_tokens, static_cast<int64_t>(*std::max_element(lens, lens + batch))));
+    Scratch scratch(s, longest_span);
     std::vector<float> factors(max_spans_per_sequence);
     for (int64_t i = next_span++; i < num_spans; i = next_span++) {
       const int64_t b = spans[i].sequence;
