@@ -214,6 +214,25 @@ def test_half_size_kv_cache_doubles_the_pool_and_keeps_greedy_tokens(llm: LLM, s
         assert [o.token_ids for o in half.generate(prompts, params)] == expected, kv_dtype
 
 
+def test_steps_within_the_kernels_rows_give_each_request_the_same_bits_alone_or_in_a_burst(smollm2_path: Path) -> None:
+    """With steps of at most SMALL_BATCH_ROWS tokens every linear runs ember's row-independent kernel
+    and decode attention cuts each sequence by its own length, so a request's logprobs are the
+    same bits alone, among other requests (batched decodes, prompts split across steps) and with
+    another chunk size. (Longer steps send prompts through BLAS sgemm, whose bits may differ.)"""
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(100, 40000, (n,), generator=generator).tolist() for n in (100, 70, 90, 120, 40, 100)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+
+    def first_request_logprobs(prompts: list[list[int]], max_num_batched_tokens: int) -> list[float]:
+        engine = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32,
+                     max_num_batched_tokens=max_num_batched_tokens)
+        return [token.logprob for token in engine.generate(prompts, params)[0].logprobs]
+
+    alone = first_request_logprobs(prompts[:1], SMALL_BATCH_ROWS)
+    assert first_request_logprobs(prompts, SMALL_BATCH_ROWS) == alone
+    assert first_request_logprobs(prompts, 37) == alone
+
+
 def test_float16_model_decodes_on_cpu(smollm2_path: Path) -> None:
     """--dtype float16 on CPU: the decode kernel takes a float16 query over a float16 cache (it used
     to reject float16, so the first decode step failed)."""
