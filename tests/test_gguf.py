@@ -24,6 +24,7 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.tokenizer import Tokenizer
 from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from tests.reference import ember_prompt_logits, reference_logits
+from tests.test_linear import K_QUANT_HALF_OFFSETS, random_k_quant_blocks
 from tests.test_llama_hf import LLAMA3_ROPE
 
 CPU = torch.device("cpu")
@@ -299,10 +300,6 @@ def _encode(values: np.ndarray, qtype: Q) -> np.ndarray:
     return values.astype(np.float16) if qtype == Q.F16 else gguf.quants.quantize(values, qtype)
 
 
-def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
-    writer.add_tensor(name, _encode(values, qtype), raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
-
-
 def _round_trip(values: np.ndarray, qtype: Q) -> np.ndarray:
     """What a reader gets back for values stored as qtype."""
     return np.asarray(gguf.quants.dequantize(_encode(values, qtype), qtype), dtype=np.float32).reshape(values.shape)
@@ -315,7 +312,7 @@ def test_dequantize_every_type(tmp_path: Path) -> None:
     writer = gguf.GGUFWriter(tmp_path / "types.gguf", "llama")
     for qtype in ROUND_TRIP_TYPES:
         values = rng.standard_normal(shape).astype(np.float32)
-        _add_tensor(writer, qtype.name, values, qtype)
+        writer.add_tensor(qtype.name, _encode(values, qtype), raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
         written[qtype.name] = (qtype, values)
     for qtype in K_QUANT_TYPES:
         block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -400,8 +397,28 @@ def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[str, torch.Tensor]:
-    """Write hf_model the way llama.cpp's converter does; return the weights as stored (after quantization)."""
+def _stored_rows(name: str, param: torch.Tensor, qtype: Q, config: transformers.LlamaConfig) -> tuple[np.ndarray, torch.Tensor]:
+    """(what the file stores for a parameter, in llama.cpp's row order; the weight it stands for, in HF's).
+
+    gguf-py cannot quantize to K-quants, so a K-quant parameter is replaced by random blocks.
+    Quantization blocks run along rows, so permuting rows does not change what each row stores.
+    """
+    heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads if ".k_proj." in name else 0
+    if qtype in K_QUANT_HALF_OFFSETS:
+        # Factors small enough for weights of ~0.01-0.1.
+        scale = 1e-4 if qtype == Q.Q4_K else 2e-5
+        blocks = random_k_quant_blocks(qtype, param.shape[0], param.shape[1], seed=len(name), scale=scale)
+        values = torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks, qtype), dtype=np.float32).reshape(param.shape))
+        if heads:
+            blocks = blocks[_llama_cpp_permute(torch.arange(param.shape[0]), heads).numpy()]
+        return blocks, values
+    rows = _llama_cpp_permute(param, heads) if heads else param
+    return _encode(rows.numpy(), qtype), torch.from_numpy(_round_trip(param.numpy(), qtype))
+
+
+def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM, types: dict[str, Q] = SYNTHETIC_TYPES) -> dict[str, torch.Tensor]:
+    """Write hf_model the way llama.cpp's converter does, with tensor types by HF name suffix (first
+    match); return the weights as stored (after quantization)."""
     config = hf_model.config
     tokens = [BYTE_TO_CHAR[byte] for byte in range(256)] + ["Ġt", "<s>", "</s>"]
     writer = gguf.GGUFWriter(path, "llama")
@@ -425,15 +442,12 @@ def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM) -
     writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(SYNTHETIC_LLAMA3_ROPE, config.head_dim))
     stored: dict[str, torch.Tensor] = {}
     for name, param in hf_model.state_dict().items():
-        qtype = next((t for suffix, t in SYNTHETIC_TYPES.items() if name.endswith(suffix)), Q.F32)
-        rows = param
-        if ".q_proj." in name:
-            rows = _llama_cpp_permute(param, config.num_attention_heads)
-        elif ".k_proj." in name:
-            rows = _llama_cpp_permute(param, config.num_key_value_heads)
-        _add_tensor(writer, _gguf_name(name), rows.numpy(), qtype)
-        # Quantization blocks run along rows, so permuting rows does not change what each row stores.
-        stored[name] = torch.from_numpy(_round_trip(param.numpy(), qtype))
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            stored[name] = stored["model.embed_tokens.weight"]  # no output tensor: the head is the embedding
+            continue
+        qtype = next((t for suffix, t in types.items() if name.endswith(suffix)), Q.F32)
+        data, stored[name] = _stored_rows(name, param, qtype, config)
+        writer.add_tensor(_gguf_name(name), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -464,21 +478,28 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
             param.copy_(torch.rand_like(param) + 0.5 if "norm" in name else torch.randn_like(param) * 0.15)
     stored = _write_synthetic_gguf(tmp_path / "tiny.gguf", hf_model)
     hf_model.load_state_dict(stored)
-
-    num_tokens = SMALL_BATCH_ROWS + 16  # the prefill path; the last 5 tokens again go through the block kernel
-    prompt = torch.randint(0, 259, (num_tokens,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.inference_mode():
-        expected = hf_model(torch.tensor([prompt])).logits[0]
-    logits = {}
-    for keep_blocks in (True, False):
-        model, tokenizer = load_gguf(tmp_path / "tiny.gguf", CPU, torch.float32, keep_blocks)
+    models = _logits_match_with_blocks_and_dequantized(tmp_path / "tiny.gguf", hf_model)
+    for keep_blocks, model in models.items():
         assert not model.config.tie_word_embeddings and model.config.attention_bias
         assert model.config.rope_freq_factors is not None and max(model.config.rope_freq_factors) == 8.0
-        assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
         layer = model.layers[1]
         block_layers = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
         assert all(isinstance(m, GGUFBlockLinear) == keep_blocks for m in block_layers)
-        assert type(layer.mlp.gate_up_proj) is nn.Linear and type(model.lm_head) is nn.Linear
+        assert not isinstance(layer.mlp.gate_up_proj, GGUFBlockLinear) and not isinstance(model.lm_head, GGUFBlockLinear)
+
+
+def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[bool, Llama]:
+    """Load the file with and without keeping its blocks; both give hf_model's logits, and the same bits.
+    Returns the two models by keep_blocks."""
+    num_tokens = SMALL_BATCH_ROWS + 16  # the prefill path; the last 5 tokens again go through the block kernel
+    vocab_size = hf_model.config.vocab_size
+    prompt = torch.randint(0, vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    logits, models = {}, {}
+    for keep_blocks in (True, False):
+        model, tokenizer = load_gguf(path, CPU, torch.float32, keep_blocks)
+        assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
         blocks = list(range(num_tokens // 8))
         runner = ModelRunner(model, num_blocks=len(blocks), block_size=8)
         with torch.inference_mode():
@@ -486,8 +507,45 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
             logits[keep_blocks] = [model.compute_logits(runner.forward_hidden([chunk])) for chunk in chunks]
         torch.testing.assert_close(logits[keep_blocks][0], expected, rtol=0, atol=1e-4)
         torch.testing.assert_close(logits[keep_blocks][1], expected[-5:], rtol=0, atol=1e-4)
+        models[keep_blocks] = model
     for blocks, dequantized in zip(logits[True], logits[False]):
         assert torch.equal(blocks, dequantized)
+    return models
+
+
+# As llama.cpp's Q4_K_M: Q4_K, with Q6_K for the tied embedding / head, some layers' V and down
+# projections. Layer 1's fused QKV mixes the two, so it is expanded at load.
+K_QUANT_TYPES_BY_SUFFIX = {
+    "embed_tokens.weight": Q.Q6_K,
+    "layers.1.self_attn.v_proj.weight": Q.Q6_K,
+    "layers.0.mlp.down_proj.weight": Q.Q6_K,
+    "proj.weight": Q.Q4_K,
+}
+
+
+def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
+    config = transformers.LlamaConfig(
+        vocab_size=259,
+        hidden_size=256,  # K-quant rows are whole blocks of 256
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters=SYNTHETIC_LLAMA3_ROPE,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(config).eval()
+    stored = _write_synthetic_gguf(tmp_path / "k.gguf", hf_model, K_QUANT_TYPES_BY_SUFFIX)
+    hf_model.load_state_dict(stored)
+    models = _logits_match_with_blocks_and_dequantized(tmp_path / "k.gguf", hf_model)
+    first, second = models[True].layers
+    assert models[True].lm_head.kind == Q.Q6_K and first.mlp.down_proj.kind == Q.Q6_K
+    assert first.self_attn.qkv_proj.kind == Q.Q4_K and second.mlp.gate_up_proj.kind == Q.Q4_K
+    assert not isinstance(second.self_attn.qkv_proj, GGUFBlockLinear)
+    assert not any(isinstance(m, GGUFBlockLinear) for m in models[False].modules())
 
 
 def test_rejects_other_architectures(tmp_path: Path) -> None:

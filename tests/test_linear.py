@@ -93,42 +93,64 @@ def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], 
 
 # --- GGUF blocks --------------------------------------------------------------------------------
 
-BLOCK_KINDS = [gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0]
+Q = gguf.GGMLQuantizationType
+BLOCK_KINDS = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+# The float16 fields of a K-quant block: Q4_K's d and dmin lead it, Q6_K's d ends it.
+K_QUANT_HALF_OFFSETS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 
 
-def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """gguf-py's blocks of a random weight, and gguf-py's float32 values of them."""
-    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)).numpy()
-    blocks = gguf.quants.quantize(weight, kind)
+def random_k_quant_blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int, scale: float) -> np.ndarray:
+    """Rows of random K-quant blocks (gguf-py cannot quantize to these types) whose float16 factors
+    are uniform in [0, scale), so that values stay in a weight's range."""
+    values_per_block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (out_features, in_features // values_per_block, block_bytes), dtype=np.uint8)
+    for offset in K_QUANT_HALF_OFFSETS[kind]:
+        factors = (rng.random(blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = factors[..., None].view(np.uint8)
+    return blocks.reshape(out_features, -1)
+
+
+def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of a random weight (gguf-py's quantization, or random K-quant blocks), and gguf-py's float32 values of them."""
+    in_features = blocks_per_row * gguf.GGML_QUANT_SIZES[kind][0]
+    if kind in K_QUANT_HALF_OFFSETS:
+        blocks = random_k_quant_blocks(kind, out_features, in_features, seed, scale=1e-3)
+    else:
+        weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)).numpy()
+        blocks = gguf.quants.quantize(weight, kind)
     values = np.asarray(gguf.quants.dequantize(blocks, kind), dtype=np.float32).reshape(out_features, in_features)
     return torch.from_numpy(blocks), torch.from_numpy(values)
 
 
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("kind", BLOCK_KINDS)
-@pytest.mark.parametrize(("out_features", "in_features"), [(37, 96), (8, 32), (3, 576)])
-def test_blocks_expand_to_exactly_gguf_py_values(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int) -> None:
-    blocks, values = _blocks(kind, out_features, in_features, seed=out_features)
-    assert torch.equal(torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], in_features), values)
+@pytest.mark.parametrize("kind", BLOCK_KINDS, ids=lambda kind: kind.name)
+@pytest.mark.parametrize(("out_features", "blocks_per_row"), [(37, 3), (8, 1), (3, 18)])
+def test_blocks_expand_to_exactly_gguf_py_values(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int) -> None:
+    blocks, values = _blocks(kind, out_features, blocks_per_row, seed=out_features)
+    assert values.abs().max() > 0.1  # K-quant factors: not all rounded to zero
+    actual = torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], values.shape[1])
+    assert torch.equal(actual, values)
 
 
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("kind", BLOCK_KINDS)
+@pytest.mark.parametrize("kind", BLOCK_KINDS, ids=lambda kind: kind.name)
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 16, SMALL_BATCH_ROWS])
 @pytest.mark.parametrize("bias", [True, False])
 def test_block_kernel_is_bit_identical_to_the_float32_kernel(kind: gguf.GGMLQuantizationType, rows: int, bias: bool) -> None:
-    blocks, values = _blocks(kind, 45, 160, seed=rows)  # 45 rows: whole tiles of 4 and 8 plus a remainder
-    x = torch.randn(rows, 160, generator=torch.Generator().manual_seed(7))
+    blocks, values = _blocks(kind, 45, 5, seed=rows)  # 45 rows: whole tiles of 4 and 8 plus a remainder
+    in_features = values.shape[1]
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(7))
     b = torch.randn(45) if bias else None
-    actual = torch.ops.ember.gguf_block_linear(x, blocks, b, GGUF_BLOCK_FORMATS[kind], 160)
+    actual = torch.ops.ember.gguf_block_linear(x, blocks, b, GGUF_BLOCK_FORMATS[kind], in_features)
     assert torch.equal(actual, torch.ops.ember.small_batch_linear(x, values, b))
 
 
 @pytest.mark.usefixtures("kernel")
 def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
-    blocks, values = _blocks(gguf.GGMLQuantizationType.Q4_1, 24, 64, seed=3)
+    blocks, values = _blocks(Q.Q4_1, 24, 2, seed=3)
     bias = nn.Parameter(torch.randn(24))
-    layer = GGUFBlockLinear(blocks, gguf.GGMLQuantizationType.Q4_1, 64, bias)
+    layer = GGUFBlockLinear(blocks, Q.Q4_1, 64, bias)
     reference = SmallBatchLinear(64, 24)
     with torch.no_grad():
         reference.weight.copy_(values)
@@ -142,12 +164,14 @@ def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
 
 @pytest.mark.usefixtures("kernel")
 def test_block_kernel_rejects_blocks_that_do_not_fit() -> None:
-    blocks, _ = _blocks(gguf.GGMLQuantizationType.Q4_1, 4, 64, seed=0)
+    blocks, _ = _blocks(Q.Q4_1, 4, 2, seed=0)
     with pytest.raises(RuntimeError, match="rows of 96 weights take 60 bytes in this format, blocks has 40"):
         torch.ops.ember.gguf_block_linear(torch.ones(2, 96), blocks, None, 0, 96)
     with pytest.raises(RuntimeError, match="unknown GGUF block format 7"):
         torch.ops.ember.gguf_dequantize(blocks, 7, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.ember.gguf_dequantize(blocks, 0, 40)
+    with pytest.raises(RuntimeError, match="multiple of 256 in this format"):
+        torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[Q.Q4_K], 64)
     with pytest.raises(RuntimeError, match="x must be \\[m, 64\\]"):
         torch.ops.ember.gguf_block_linear(torch.ones(2, 32), blocks, None, 0, 64)

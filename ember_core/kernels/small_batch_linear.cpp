@@ -8,35 +8,28 @@
 // accumulators stay in registers. The weights stay in nn.Linear's [out, in] layout: no second
 // copy. Larger batches (prefill) go to torch's GEMM, which is faster there.
 //
-// The same tiles can come from GGUF quantized blocks (Q4_1, Q8_0) instead: each thread expands a
-// tile into float32 in L1, with exactly the values gguf-py's dequantization gives, and runs the
-// same dot products. The products are then bit-identical to the float32 weights', while a step
-// reads 5-7x fewer bytes from memory.
+// The same tiles can come from GGUF quantized blocks (Q4_1, Q8_0, Q4_K, Q6_K; gguf_blocks.h)
+// instead: each thread expands a tile into float32 in L1, with exactly the values gguf-py's
+// dequantization gives, and runs the same dot products. The products are then bit-identical to the
+// float32 weights', while a step reads 4-7x fewer bytes from memory.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/Half.h>
 #include <torch/library.h>
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "gguf_blocks.h"
 #include "ops.h"
 #include "vec8.h"
 
 namespace {
 
 constexpr int64_t kTileRows = 4;
-constexpr int64_t kBlockValues = 32;  // weights per GGUF block
-constexpr int64_t kBlockVectors = kBlockValues / kLanes;
 
 // v, held in a register. Left alone, GCC folds the x loads of a tile into its FMAs and reloads
 // them for every weight row: 16 loads per 12 FMAs for a 3x4 tile, so the loads bound it. Held, a
@@ -121,88 +114,16 @@ const float* bias_or_null(const std::optional<at::Tensor>& bias) {
   return bias.has_value() && bias->defined() ? bias->data_ptr<float>() : nullptr;
 }
 
-// GGUF block formats (ggml's block_q4_1 and block_q8_0): 32 weights of a row per block.
-enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1 };
-
-constexpr int64_t kBlockBytes[] = {
-    20,  // Q4_1: float16 d, float16 m, 16 bytes of 4-bit q: value = d * q + m
-    34,  // Q8_0: float16 d, 32 int8 q: value = d * q
-};
-
-int64_t block_bytes(int64_t format) {
-  TORCH_CHECK(format == kQ4_1 || format == kQ8_0, "unknown GGUF block format ", format, " (0 = Q4_1, 1 = Q8_0)");
-  return kBlockBytes[format];
-}
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-// The float32 values of one block, in registers. Every step is exact (half to float, small
-// integers to float, d * q with 11 + 4 or 11 + 8 significant bits), so the values equal gguf-py's:
-// d * q rounded, then + m rounded, which an FMA rounds once to the same result.
-template <int64_t Format>
-inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
-  if constexpr (Format == kQ4_1) {
-    // d and m, the block's two leading halves, go to every 32-bit lane and widen together:
-    // [d, m, d, m, ...]; in-lane permutes then spread each one.
-    const __m256 pairs = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss(reinterpret_cast<const float*>(block))));
-    const __m256 d = _mm256_permute_ps(pairs, 0x00), m = _mm256_permute_ps(pairs, 0x55);
-    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
-    // Value j is the low nibble of q[j], value j + 16 the high one: each widened half of q gives two vectors.
-    for (int64_t half = 0; half < 2; ++half) {
-      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 4 + half * kLanes)));
-      values[half] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble)), m));
-      values[half + 2] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), m));
-    }
-  } else {
-    uint16_t bits;
-    std::memcpy(&bits, block, sizeof(bits));
-    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(bits)));
-    for (int64_t j = 0; j < kBlockVectors; ++j) {
-      const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + j * kLanes)));
-      values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-    }
-  }
-}
-#else
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
-template <typename Byte>
-inline vfloat bytes_to_floats(const Byte* p) {
-  vfloat out;
-  for (int64_t i = 0; i < kLanes; ++i) out[i] = static_cast<float>(p[i]);
-  return out;
-}
-
-// The float32 values of one block, in registers: as gguf-py, d * q, then + m (Q4_1), where value j
-// is the low nibble of q[j] and value j + 16 the high one.
-template <int64_t Format>
-inline void expand_block(const uint8_t* block, vfloat (&values)[kBlockVectors]) {
-  const vfloat d = broadcast(half_at(block));
-  if constexpr (Format == kQ4_1) {
-    const vfloat m = broadcast(half_at(block + 2));
-    uint8_t q[kBlockValues];
-    for (int64_t i = 0; i < kBlockValues / 2; ++i) {
-      q[i] = block[4 + i] & 0xF;
-      q[i + kBlockValues / 2] = block[4 + i] >> 4;
-    }
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = d * bytes_to_floats(q + j * kLanes) + m;
-  } else {
-    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
-    for (int64_t j = 0; j < kBlockVectors; ++j) values[j] = bytes_to_floats(q + j * kLanes) * d;
-  }
-}
-#endif
-
 // Float32 values of one row of k weights from its blocks.
 template <int64_t Format>
 inline void expand_row(const uint8_t* blocks, int64_t k, float* out) {
-  for (int64_t i = 0; i < k; i += kBlockValues, blocks += kBlockBytes[Format]) {
-    vfloat values[kBlockVectors];
-    expand_block<Format>(blocks, values);
-    for (int64_t j = 0; j < kBlockVectors; ++j) store(out + i + j * kLanes, values[j]);
+  constexpr BlockLayout layout = kBlockLayouts[Format];
+  for (int64_t i = 0; i < k; blocks += layout.bytes) {
+    for (int64_t sub = 0; sub < layout.values / kSubBlockValues; ++sub, i += kSubBlockValues) {
+      vfloat values[kSubBlockVectors];
+      expand_sub_block<Format>(blocks, sub, values);
+      for (int64_t j = 0; j < kSubBlockVectors; ++j) store(out + i + j * kLanes, values[j]);
+    }
   }
 }
 
@@ -212,14 +133,17 @@ inline void expand_row(const uint8_t* blocks, int64_t k, float* out) {
 // once the prefetch was added, and the outputs drifted from the float32 kernel's by an ulp.
 template <int64_t Format, int64_t Rows>
 inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks, int64_t row_bytes, int64_t row) {
+  constexpr BlockLayout layout = kBlockLayouts[Format];
   vfloat acc[Rows] = {};
-  for (int64_t i = 0, offset = 0; i < p.k; i += kBlockValues, offset += kBlockBytes[Format]) {
-    vfloat xv[kBlockVectors];
-    for (int64_t j = 0; j < kBlockVectors; ++j) xv[j] = load(p.x + i + j * kLanes);
-    for (int64_t r = 0; r < Rows; ++r) {
-      vfloat w[kBlockVectors];
-      expand_block<Format>(blocks + (row + r) * row_bytes + offset, w);
-      for (int64_t j = 0; j < kBlockVectors; ++j) acc[r] = multiply_add(xv[j], w[j], acc[r]);
+  for (int64_t i = 0, offset = 0; i < p.k; offset += layout.bytes) {
+    for (int64_t sub = 0; sub < layout.values / kSubBlockValues; ++sub, i += kSubBlockValues) {
+      vfloat xv[kSubBlockVectors];
+      for (int64_t j = 0; j < kSubBlockVectors; ++j) xv[j] = load(p.x + i + j * kLanes);
+      for (int64_t r = 0; r < Rows; ++r) {
+        vfloat w[kSubBlockVectors];
+        expand_sub_block<Format>(blocks + (row + r) * row_bytes + offset, sub, w);
+        for (int64_t j = 0; j < kSubBlockVectors; ++j) acc[r] = multiply_add(xv[j], w[j], acc[r]);
+      }
     }
   }
   for (int64_t r = 0; r < Rows; ++r) {
@@ -232,10 +156,11 @@ inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks
 void check_blocks(const at::Tensor& blocks, int64_t format, int64_t k, const char* op) {
   TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_cpu() && blocks.is_contiguous(), op,
               ": blocks must be a contiguous uint8 CPU tensor [out_features, bytes per row]");
-  TORCH_CHECK(k > 0 && k % kBlockValues == 0, op, ": in_features must be a positive multiple of ", kBlockValues,
-              ", got ", k);
-  TORCH_CHECK(blocks.size(1) == k / kBlockValues * block_bytes(format), op, ": rows of ", k, " weights take ",
-              k / kBlockValues * block_bytes(format), " bytes in this format, blocks has ", blocks.size(1));
+  const BlockLayout layout = block_layout(format);
+  TORCH_CHECK(k > 0 && k % layout.values == 0, op, ": in_features must be a positive multiple of ", layout.values,
+              " in this format, got ", k);
+  TORCH_CHECK(blocks.size(1) == k / layout.values * layout.bytes, op, ": rows of ", k, " weights take ",
+              k / layout.values * layout.bytes, " bytes in this format, blocks has ", blocks.size(1));
 }
 
 // Hardware prefetchers restart at every 4 KiB page, so a one-row step, which streams the blocks
@@ -309,10 +234,7 @@ at::Tensor gguf_block_linear(const at::Tensor& x, const at::Tensor& blocks, cons
   const int64_t m = x.size(0);
   if (m == 0 || n == 0) return y;
   const Problem p{x.data_ptr<float>(), bias_or_null(bias), y.data_ptr<float>(), m, n, k};
-  if (format == kQ4_1)
-    gguf_block_linear_as<kQ4_1>(p, blocks.data_ptr<uint8_t>(), blocks.size(1));
-  else
-    gguf_block_linear_as<kQ8_0>(p, blocks.data_ptr<uint8_t>(), blocks.size(1));
+  with_block_format(format, [&](auto f) { gguf_block_linear_as<f()>(p, blocks.data_ptr<uint8_t>(), blocks.size(1)); });
   return y;
 }
 
@@ -322,13 +244,10 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t format, int64_t in_
   at::Tensor out = at::empty({n, k}, blocks.options().dtype(at::kFloat));
   const uint8_t* raw = blocks.data_ptr<uint8_t>();
   float* values = out.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      if (format == kQ4_1)
-        expand_row<kQ4_1>(raw + row * row_bytes, k, values + row * k);
-      else
-        expand_row<kQ8_0>(raw + row * row_bytes, k, values + row * k);
-    }
+  with_block_format(format, [&](auto f) {
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) expand_row<f()>(raw + row * row_bytes, k, values + row * k);
+    });
   });
   return out;
 }

@@ -6,7 +6,7 @@ up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight on
 (kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
 holding the same parameters: no copy, a tied head still shares the embedding.
 
-`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_1, Q8_0) instead of float32 weights
+`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_1, Q8_0, Q4_K, Q6_K) instead of float32 weights
 and expands them tile by tile inside the same kernel: its outputs are bit-identical to a float32
 `SmallBatchLinear` over the dequantized weights, for a fraction of the memory traffic.
 """
@@ -49,7 +49,12 @@ class SmallBatchLinear(nn.Linear):
 
 
 # The format codes of torch.ops.ember.gguf_block_linear / gguf_dequantize.
-GGUF_BLOCK_FORMATS = {gguf.GGMLQuantizationType.Q4_1: 0, gguf.GGMLQuantizationType.Q8_0: 1}
+GGUF_BLOCK_FORMATS = {
+    gguf.GGMLQuantizationType.Q4_1: 0,
+    gguf.GGMLQuantizationType.Q8_0: 1,
+    gguf.GGMLQuantizationType.Q4_K: 2,
+    gguf.GGMLQuantizationType.Q6_K: 3,
+}
 
 
 class GGUFBlockLinear(nn.Module):

@@ -1,5 +1,5 @@
 """Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 Linears for
-`GGUFBlockLinear`s over the file's Q4_1 / Q8_0 rows (fused QKV and gate/up stacked as at load)."""
+`GGUFBlockLinear`s over the file's Q4_1 / Q8_0 / Q4_K / Q6_K rows (fused QKV and gate/up stacked as at load)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     """Replace each Linear whose GGUF tensors all share one supported block format; returns how many.
 
     The model must already hold the dequantized weights: a Linear whose tensors mix formats (or
-    use one the kernel does not read, such as Q4_K) keeps them.
+    use one the kernel does not read, such as Q5_K) keeps them. In a Q4_K_M file that is the fused
+    QKV of the layers whose V is Q6_K.
     """
     by_module = {
         hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t

@@ -1,0 +1,197 @@
+// GGUF block formats the CPU kernels read in place (ggml's block_q4_1, block_q8_0, block_q4_K,
+// block_q6_K), and their expansion to float32, 32 values at a time, with exactly the values gguf-py's
+// dequantization gives. Every step of an expansion is exact but the last, which rounds once as
+// gguf-py's last numpy operation does, so a kernel over blocks is bit-identical to one over the
+// dequantized float32 weights.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "vec8.h"
+
+namespace {
+
+enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3 };
+
+struct BlockLayout {
+  int64_t values, bytes;  // weights per block, bytes per block
+};
+
+constexpr BlockLayout kBlockLayouts[] = {
+    {32, 20},    // Q4_1: float16 d, float16 m, 16 bytes of 4-bit q: value = d * q + m
+    {32, 34},    // Q8_0: float16 d, 32 int8 q: value = d * q
+    {256, 144},  // Q4_K: float16 d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
+    {256, 210},  // Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d
+};
+
+constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
+constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
+
+inline BlockLayout block_layout(int64_t format) {
+  TORCH_CHECK(format >= kQ4_1 && format <= kQ6_K, "unknown GGUF block format ", format,
+              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K)");
+  return kBlockLayouts[format];
+}
+
+// Calls f(std::integral_constant<int64_t, format>{}) so kernels are compiled per format.
+template <typename F>
+void with_block_format(int64_t format, F&& f) {
+  block_layout(format);  // rejects unknown formats
+  switch (format) {
+    case kQ4_1: return f(std::integral_constant<int64_t, kQ4_1>{});
+    case kQ8_0: return f(std::integral_constant<int64_t, kQ8_0>{});
+    case kQ4_K: return f(std::integral_constant<int64_t, kQ4_K>{});
+    default: return f(std::integral_constant<int64_t, kQ6_K>{});
+  }
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// Q4_K's 6-bit scale and min of sub-block j from its 12 packed bytes (ggml's get_scale_min_k4).
+inline void q4_k_scale_min(const uint8_t* packed, int64_t j, int& scale, int& min) {
+  if (j < 4) {
+    scale = packed[j] & 63;
+    min = packed[j + 4] & 63;
+  } else {
+    scale = (packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4);
+    min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
+// The factors a sub-block's integers are scaled by, as gguf-py forms them in float32 (exact:
+// float16 times a 6- or 8-bit integer): Q4_K's d * scale and dmin * min, Q6_K's d * scale of
+// each half. Returns {first, second}.
+template <int64_t Format>
+inline std::pair<float, float> sub_block_factors(const uint8_t* block, int64_t sub) {
+  if constexpr (Format == kQ4_K) {
+    int scale, min;
+    q4_k_scale_min(block + 4, sub, scale, min);
+    return {half_at(block) * static_cast<float>(scale), half_at(block + 2) * static_cast<float>(min)};
+  } else {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const float d = half_at(block + 208);
+    return {d * static_cast<float>(scales[2 * sub]), d * static_cast<float>(scales[2 * sub + 1])};
+  }
+}
+
+// Q6_K's sub-block `sub` (values 32 sub to 32 sub + 31) takes its low 4 bits from 32 bytes of ql
+// shifted by 0 or 4 and its high 2 bits from 32 bytes of qh shifted by 0, 2, 4 or 6 (ggml's layout).
+struct Q6KSources {
+  const uint8_t *low, *high;
+  int low_shift, high_shift;
+};
+
+inline Q6KSources q6_k_sources(const uint8_t* block, int64_t sub) {
+  const int64_t half = sub / 4, quarter = sub % 4;
+  return {block + 64 * half + 32 * (quarter % 2), block + 128 + 32 * half, static_cast<int>(4 * (quarter / 2)),
+          static_cast<int>(2 * quarter)};
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+inline __m256i widen_bytes(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The float32 values of sub-block `sub` of a block, in registers. Q4_1's d * q + m and Q4_K's
+// d * q - dm are one FMA: d * q is exact, so rounding once equals gguf-py's two roundings of which
+// the first is exact.
+template <int64_t Format>
+inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)[kSubBlockVectors]) {
+  if constexpr (Format == kQ4_1) {
+    // d and m, the block's two leading halves, go to every 32-bit lane and widen together:
+    // [d, m, d, m, ...]; in-lane permutes then spread each one.
+    const __m256 pairs = _mm256_cvtph_ps(_mm_castps_si128(_mm_broadcast_ss(reinterpret_cast<const float*>(block))));
+    const __m256 d = _mm256_permute_ps(pairs, 0x00), m = _mm256_permute_ps(pairs, 0x55);
+    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+    // Value j is the low nibble of q[j], value j + 16 the high one: each widened half of q gives two vectors.
+    for (int64_t half = 0; half < 2; ++half) {
+      const __m256i bytes = widen_bytes(block + 4 + half * kLanes);
+      values[half] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low_nibble)), m));
+      values[half + 2] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)), m));
+    }
+  } else if constexpr (Format == kQ8_0) {
+    uint16_t bits;
+    std::memcpy(&bits, block, sizeof(bits));
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<int16_t>(bits)));
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + j * kLanes)));
+      values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+    }
+  } else if constexpr (Format == kQ4_K) {
+    // Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
+    const auto [scale, min] = sub_block_factors<Format>(block, sub);
+    const __m256 d = _mm256_set1_ps(scale), negative_dm = _mm256_set1_ps(-min);
+    const uint8_t* q = block + 16 + 32 * (sub / 2);
+    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(4 * (sub % 2)));
+    const __m256i low_nibble = _mm256_set1_epi32(0x0F);
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(q + j * kLanes), shift), low_nibble);
+      values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nibbles), negative_dm));
+    }
+  } else {
+    const auto [first, second] = sub_block_factors<Format>(block, sub);
+    const Q6KSources source = q6_k_sources(block, sub);
+    const __m128i low_shift = _mm_cvtsi32_si128(source.low_shift), high_shift = _mm_cvtsi32_si128(source.high_shift);
+    const __m256i low_bits = _mm256_set1_epi32(0x0F), high_bits = _mm256_set1_epi32(0x03), offset = _mm256_set1_epi32(32);
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const __m256i low = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(source.low + j * kLanes), low_shift), low_bits);
+      const __m256i high = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(source.high + j * kLanes), high_shift), high_bits);
+      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(high, 4)), offset);
+      values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(j < 2 ? first : second)));
+    }
+  }
+}
+#else
+template <typename Integer>
+inline vfloat to_floats(const Integer* p) {
+  vfloat out;
+  for (int64_t i = 0; i < kLanes; ++i) out[i] = static_cast<float>(p[i]);
+  return out;
+}
+
+// The float32 values of sub-block `sub` of a block, in the order gguf-py computes them.
+template <int64_t Format>
+inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)[kSubBlockVectors]) {
+  int q[kSubBlockValues];
+  if constexpr (Format == kQ4_1) {
+    const vfloat d = broadcast(half_at(block)), m = broadcast(half_at(block + 2));
+    // Value j is the low nibble of q[j], value j + 16 the high one.
+    for (int64_t i = 0; i < kSubBlockValues / 2; ++i) {
+      q[i] = block[4 + i] & 0xF;
+      q[i + kSubBlockValues / 2] = block[4 + i] >> 4;
+    }
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = d * to_floats(q + j * kLanes) + m;
+  } else if constexpr (Format == kQ8_0) {
+    const vfloat d = broadcast(half_at(block));
+    const int8_t* bytes = reinterpret_cast<const int8_t*>(block + 2);
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = to_floats(bytes + j * kLanes) * d;
+  } else if constexpr (Format == kQ4_K) {
+    const auto [scale, min] = sub_block_factors<Format>(block, sub);
+    const uint8_t* bytes = block + 16 + 32 * (sub / 2);
+    for (int64_t i = 0; i < kSubBlockValues; ++i) q[i] = (bytes[i] >> (4 * (sub % 2))) & 0xF;
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = broadcast(scale) * to_floats(q + j * kLanes) - min;
+  } else {
+    const auto [first, second] = sub_block_factors<Format>(block, sub);
+    const Q6KSources source = q6_k_sources(block, sub);
+    for (int64_t i = 0; i < kSubBlockValues; ++i)
+      q[i] = (((source.low[i] >> source.low_shift) & 0xF) | (((source.high[i] >> source.high_shift) & 3) << 4)) - 32;
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = to_floats(q + j * kLanes) * (j < 2 ? first : second);
+  }
+}
+#endif
+
+}  // namespace
