@@ -178,7 +178,10 @@ template <int64_t Format>
 void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_bytes) {
   const int64_t tile_rows = tile_rows_for(p.m), full_tiles = p.n / tile_rows, k = p.k;
   at::parallel_for(0, full_tiles, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> tile_weights(p.m == 1 ? 0 : tile_rows * k);
+    // Vectors, so the tile is 32-byte aligned and its loads never straddle two cache lines (5-9%
+    // faster in a microbenchmark of expand + tiles; within noise in a whole step).
+    std::vector<vfloat> tile_vectors(p.m == 1 ? 0 : tile_rows * k / kLanes);
+    float* tile_weights = reinterpret_cast<float*>(tile_vectors.data());
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t row = tile * tile_rows;
       if (p.m == 1) {
@@ -191,14 +194,15 @@ void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_b
         continue;
       }
       for (int64_t r = 0; r < tile_rows; ++r)
-        expand_row<Format>(blocks + (row + r) * row_bytes, k, tile_weights.data() + r * k);
-      tile_against_x(p, tile_weights.data(), row, nullptr);
+        expand_row<Format>(blocks + (row + r) * row_bytes, k, tile_weights + r * k);
+      tile_against_x(p, tile_weights, row, nullptr);
     }
   });
-  std::vector<float> row_weights(k);
+  std::vector<vfloat> row_vectors(k / kLanes);
+  float* row_weights = reinterpret_cast<float*>(row_vectors.data());
   for (int64_t row = full_tiles * tile_rows; row < p.n; ++row) {
-    expand_row<Format>(blocks + row * row_bytes, k, row_weights.data());
-    rows_against_all_of_x<1>(p, row_weights.data(), row, nullptr);
+    expand_row<Format>(blocks + row * row_bytes, k, row_weights);
+    rows_against_all_of_x<1>(p, row_weights, row, nullptr);
   }
 }
 
