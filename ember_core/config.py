@@ -26,8 +26,9 @@ class EngineConfig:
     batching: Batching = "continuous"
     device: str | None = None
     dtype: str | None = None
-    # A GGUF model's Q4_1 / Q8_0 / Q4_K / Q6_K weights stay in their blocks when running float32 on
-    # CPU (same outputs, 4-7x less memory traffic); "dequantized" expands them to float32 tensors.
+    # "blocks": a float32 CPU model keeps a GGUF file's Q4_1 / Q8_0 / Q4_K / Q6_K blocks and the 16-bit
+    # rows of bfloat16 / float16 weights (any checkpoint) as stored: the same outputs, 2-7x less
+    # memory traffic. "dequantized" expands them to float32 tensors at load.
     gguf_weights: GGUFWeights = "blocks"
     # "auto": the model's dtype. A float32 model may keep float16 or bfloat16 K/V: half the cache
     # memory and half the bytes decode attention streams, at the cost of rounding K and V.

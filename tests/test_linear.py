@@ -11,9 +11,12 @@ from torch import nn
 
 from ember_core.layers.linear import (
     GGUF_BLOCK_FORMATS,
+    SIXTEEN_BIT_KINDS,
+    SIXTEEN_BIT_ROW_MULTIPLE,
     SMALL_BATCH_ROWS,
     GGUFBlockLinear,
     SmallBatchLinear,
+    keep_16_bit_weights,
     tied_head,
     use_small_batch_linears,
 )
@@ -94,7 +97,7 @@ def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], 
 # --- GGUF blocks --------------------------------------------------------------------------------
 
 Q = gguf.GGMLQuantizationType
-BLOCK_KINDS = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+BLOCK_KINDS = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16, Q.BF16]
 # The float16 fields of a K-quant block: Q4_K's d and dmin lead it, Q6_K's d ends it.
 K_QUANT_HALF_OFFSETS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
 
@@ -113,14 +116,15 @@ def random_k_quant_blocks(kind: gguf.GGMLQuantizationType, out_features: int, in
 
 def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks of a random weight (gguf-py's quantization, or random K-quant blocks), and gguf-py's float32 values of them."""
-    in_features = blocks_per_row * gguf.GGML_QUANT_SIZES[kind][0]
+    values_per_block = SIXTEEN_BIT_ROW_MULTIPLE if kind in SIXTEEN_BIT_KINDS.values() else gguf.GGML_QUANT_SIZES[kind][0]
+    in_features = blocks_per_row * values_per_block
     if kind in K_QUANT_HALF_OFFSETS:
         blocks = random_k_quant_blocks(kind, out_features, in_features, seed, scale=1e-3)
     else:
         weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)).numpy()
         blocks = gguf.quants.quantize(weight, kind)
     values = np.asarray(gguf.quants.dequantize(blocks, kind), dtype=np.float32).reshape(out_features, in_features)
-    return torch.from_numpy(blocks), torch.from_numpy(values)
+    return torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8)), torch.from_numpy(values)
 
 
 @pytest.mark.usefixtures("kernel")
@@ -175,3 +179,43 @@ def test_block_kernel_rejects_blocks_that_do_not_fit() -> None:
         torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[Q.Q4_K], 64)
     with pytest.raises(RuntimeError, match="x must be \\[m, 64\\]"):
         torch.ops.ember.gguf_block_linear(torch.ones(2, 32), blocks, None, 0, 64)
+
+
+@pytest.mark.usefixtures("kernel")
+def test_16_bit_weights_run_from_their_rows_with_the_same_bits() -> None:
+    """A bf16 / f16 checkpoint loaded in float32 holds only 16-bit values: those Linears keep 16-bit rows."""
+    generator = torch.Generator().manual_seed(0)
+    embedding = nn.Embedding(50, 64)
+    layers = {
+        "bf16": nn.Linear(64, 96),  # bfloat16 values
+        "f16": nn.Linear(64, 32, bias=False),  # float16 values with more mantissa bits than bfloat16 has
+        "float32": nn.Linear(64, 32),  # values neither type holds
+        "odd": nn.Linear(40, 32),  # bfloat16 values, but rows the kernel does not take in 32s
+    }
+    model = nn.ModuleDict({"embed": embedding, "head": tied_head(embedding), **layers})
+    with torch.no_grad():
+        embedding.weight.copy_(torch.randn(50, 64, generator=generator).bfloat16())
+        for name, layer in layers.items():
+            weight = torch.randn(layer.weight.shape, generator=generator)
+            layer.weight.copy_(weight.half() if name == "f16" else weight if name == "float32" else weight.bfloat16())
+    assert not torch.equal(layers["f16"].weight.bfloat16().float(), layers["f16"].weight)
+    inputs = {rows: torch.randn(rows, 64, generator=generator) for rows in (1, 16, SMALL_BATCH_ROWS + 5)}
+    # What the runner would run otherwise: the same weights in float32 through SmallBatchLinear.
+    float32_layers = {name: SmallBatchLinear.sharing(model[name]) for name in ("head", "bf16", "f16")}
+    with torch.inference_mode():
+        before = {name: {rows: layer(x) for rows, x in inputs.items()} for name, layer in float32_layers.items()}
+
+    assert keep_16_bit_weights(model) == 3
+    assert model["head"].kind == SIXTEEN_BIT_KINDS[torch.bfloat16] and model["bf16"].kind == SIXTEEN_BIT_KINDS[torch.bfloat16]
+    assert model["f16"].kind == SIXTEEN_BIT_KINDS[torch.float16] and model["f16"].blocks.shape == (32, 128)
+    assert type(model["float32"]) is nn.Linear and type(model["odd"]) is nn.Linear and 40 % SIXTEEN_BIT_ROW_MULTIPLE
+    assert model["embed"].weight.dtype == torch.float32  # the head's tie keeps the embedding as it was
+    with torch.inference_mode():
+        for name, outputs in before.items():
+            for rows, x in inputs.items():
+                assert torch.equal(model[name](x), outputs[rows]), (name, rows)
+
+
+def test_16_bit_weights_stay_float32_tensors_off_the_float32_cpu_path() -> None:
+    model = nn.Sequential(nn.Linear(32, 8).bfloat16())
+    assert keep_16_bit_weights(model) == 0 and type(model[0]) is nn.Linear

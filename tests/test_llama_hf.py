@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,10 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from torch import nn
+
 from ember_core import LLM, SamplingParams
+from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders import load_model
 from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import RopeScaling, rope_inv_freq
@@ -37,6 +41,8 @@ CASES = {
         mlp_bias=True,
     ),
     "sharded": dict(num_key_value_heads=2, num_hidden_layers=3),
+    # Saved in bfloat16, as most HF checkpoints are; ember runs it in float32 from its 16-bit rows.
+    "bfloat16_checkpoint": dict(num_key_value_heads=2, attention_bias=True),
 }
 PROMPT_LENGTHS = (1, 6, 19, 33)
 BLOCK_SIZE = 4
@@ -72,7 +78,13 @@ def checkpoint(
     case = request.param
     model = _hf_model(case, **CASES[case])
     model_dir = tmp_path_factory.mktemp(case)
-    model.save_pretrained(model_dir, safe_serialization=True, max_shard_size="40KB" if case == "sharded" else "1GB")
+    saved = model
+    if case == "bfloat16_checkpoint":
+        with torch.no_grad():  # the reference: the bf16 values in float32 (its rotary buffers stay float32)
+            for param in model.parameters():
+                param.copy_(param.bfloat16())
+        saved = copy.deepcopy(model).bfloat16()
+    saved.save_pretrained(model_dir, safe_serialization=True, max_shard_size="40KB" if case == "sharded" else "1GB")
     assert (model_dir / "model.safetensors.index.json").is_file() == (case == "sharded")
     return model_dir, model
 
@@ -181,3 +193,18 @@ def test_load_weights_names_the_tensor_that_does_not_fit() -> None:
         model.load_weights({**weights, "model.layers.0.self_attn.k_proj.weight": torch.zeros(64, 64)}.items())
     with pytest.raises(ValueError, match="unexpected Llama weight 'layers.0.mlp.extra.weight'"):
         model.load_weights({**weights, "model.layers.0.mlp.extra.weight": torch.zeros(1)}.items())
+
+
+def test_bfloat16_checkpoint_runs_from_its_16_bit_rows_with_the_float32_bits(tmp_path: Path) -> None:
+    """Every Linear of a bf16 checkpoint loaded in float32 keeps its bf16 rows (half the bytes); the
+    engine's tokens and logprobs are the bits of the same weights expanded to float32 at load."""
+    model_dir = tmp_path / "bf16"
+    _hf_model("bfloat16_checkpoint", **CASES["bfloat16_checkpoint"]).bfloat16().save_pretrained(model_dir)
+    runs = {}
+    for gguf_weights in ("blocks", "dequantized"):
+        llm = LLM(str(model_dir), num_blocks=96, block_size=BLOCK_SIZE, device="cpu", dtype="float32", gguf_weights=gguf_weights)
+        linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, (nn.Linear, GGUFBlockLinear))]
+        assert all(isinstance(m, GGUFBlockLinear) == (gguf_weights == "blocks") for m in linears) and len(linears) == 9
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+        runs[gguf_weights] = [(o.token_ids, o.logprobs) for o in llm.generate(_prompts(), params)]
+    assert runs["blocks"] == runs["dequantized"]

@@ -50,7 +50,7 @@ class Engine:
         self.config = config
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        self.loaded = loaded or load_model(config.model, device, dtype, keep_gguf_blocks=config.gguf_weights == "blocks")
+        self.loaded = loaded or load_model(config.model, device, dtype, compact_weights=config.gguf_weights == "blocks")
         model = self.loaded.model
         self.max_model_len = min(self.loaded.max_model_len, config.max_model_len or self.loaded.max_model_len)
         num_blocks = config.num_blocks

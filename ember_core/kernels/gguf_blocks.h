@@ -1,11 +1,12 @@
 // GGUF block formats the CPU kernels read in place (ggml's block_q4_1, block_q8_0, block_q4_K,
-// block_q6_K), and their expansion to float32, 32 values at a time, with exactly the values gguf-py's
-// dequantization gives. Every step of an expansion is exact but the last, which rounds once as
+// block_q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
+// time, with exactly the values gguf-py's dequantization (or torch's .float()) gives. Every step of an expansion is exact but the last, which rounds once as
 // gguf-py's last numpy operation does, so a kernel over blocks is bit-identical to one over the
 // dequantized float32 weights.
 #pragma once
 
 #include <c10/util/Exception.h>
+#include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #if defined(__AVX2__)
@@ -21,7 +22,7 @@
 
 namespace {
 
-enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3 };
+enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5 };
 
 struct BlockLayout {
   int64_t values, bytes;  // weights per block, bytes per block
@@ -32,14 +33,16 @@ constexpr BlockLayout kBlockLayouts[] = {
     {32, 34},    // Q8_0: float16 d, 32 int8 q: value = d * q
     {256, 144},  // Q4_K: float16 d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q
     {256, 210},  // Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d
+    {32, 64},    // F16: plain float16 values (a "block" is just the 32 values expanded at a time)
+    {32, 64},    // BF16: plain bfloat16 values
 };
 
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
 
 inline BlockLayout block_layout(int64_t format) {
-  TORCH_CHECK(format >= kQ4_1 && format <= kQ6_K, "unknown GGUF block format ", format,
-              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K)");
+  TORCH_CHECK(format >= kQ4_1 && format <= kBF16, "unknown GGUF block format ", format,
+              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16)");
   return kBlockLayouts[format];
 }
 
@@ -51,7 +54,9 @@ void with_block_format(int64_t format, F&& f) {
     case kQ4_1: return f(std::integral_constant<int64_t, kQ4_1>{});
     case kQ8_0: return f(std::integral_constant<int64_t, kQ8_0>{});
     case kQ4_K: return f(std::integral_constant<int64_t, kQ4_K>{});
-    default: return f(std::integral_constant<int64_t, kQ6_K>{});
+    case kQ6_K: return f(std::integral_constant<int64_t, kQ6_K>{});
+    case kF16: return f(std::integral_constant<int64_t, kF16>{});
+    default: return f(std::integral_constant<int64_t, kBF16>{});
   }
 }
 
@@ -142,6 +147,14 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
       const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(q + j * kLanes), shift), low_nibble);
       values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nibbles), negative_dm));
     }
+  } else if constexpr (Format == kF16) {
+    for (int64_t j = 0; j < kSubBlockVectors; ++j)
+      values[j] = reinterpret_cast<vfloat>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + j * 16))));
+  } else if constexpr (Format == kBF16) {
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const __m256i halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + j * 16)));
+      values[j] = reinterpret_cast<vfloat>(_mm256_slli_epi32(halves, 16));
+    }
   } else {
     const auto [first, second] = sub_block_factors<Format>(block, sub);
     const Q6KSources source = q6_k_sources(block, sub);
@@ -184,6 +197,13 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
     const uint8_t* bytes = block + 16 + 32 * (sub / 2);
     for (int64_t i = 0; i < kSubBlockValues; ++i) q[i] = (bytes[i] >> (4 * (sub % 2))) & 0xF;
     for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = broadcast(scale) * to_floats(q + j * kLanes) - min;
+  } else if constexpr (Format == kF16 || Format == kBF16) {
+    using Half = std::conditional_t<Format == kF16, c10::Half, c10::BFloat16>;
+    for (int64_t i = 0; i < kSubBlockValues; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, block + 2 * i, sizeof(bits));
+      values[i / kLanes][i % kLanes] = static_cast<float>(Half(bits, Half::from_bits()));
+    }
   } else {
     const auto [first, second] = sub_block_factors<Format>(block, sub);
     const Q6KSources source = q6_k_sources(block, sub);

@@ -6,9 +6,10 @@ up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight on
 (kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
 holding the same parameters: no copy, a tied head still shares the embedding.
 
-`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_1, Q8_0, Q4_K, Q6_K) instead of float32 weights
-and expands them tile by tile inside the same kernel: its outputs are bit-identical to a float32
-`SmallBatchLinear` over the dequantized weights, for a fraction of the memory traffic.
+`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_1, Q8_0, Q4_K, Q6_K), or the 16-bit
+rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
+inside the same kernel: its outputs are bit-identical to a float32 `SmallBatchLinear` over the
+dequantized weights, for a fraction of the memory traffic.
 """
 
 from __future__ import annotations
@@ -54,7 +55,12 @@ GGUF_BLOCK_FORMATS = {
     gguf.GGMLQuantizationType.Q8_0: 1,
     gguf.GGMLQuantizationType.Q4_K: 2,
     gguf.GGMLQuantizationType.Q6_K: 3,
+    gguf.GGMLQuantizationType.F16: 4,
+    gguf.GGMLQuantizationType.BF16: 5,
 }
+# The 16-bit row types, by the torch dtype that holds their values; the kernel expands 32 at a time.
+SIXTEEN_BIT_KINDS = {torch.bfloat16: gguf.GGMLQuantizationType.BF16, torch.float16: gguf.GGMLQuantizationType.F16}
+SIXTEEN_BIT_ROW_MULTIPLE = 32
 
 
 class GGUFBlockLinear(nn.Module):
@@ -92,18 +98,47 @@ def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     return linear.weight, linear.bias, FLOAT32_WEIGHT_FORMAT
 
 
-def use_small_batch_linears(model: nn.Module) -> int:
-    """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
-    are available; returns how many were swapped."""
+def _runs_on_cpu_kernels(model: nn.Module) -> bool:
     param = next(model.parameters())
-    if param.device.type != "cpu" or param.dtype != torch.float32 or not cpu_ops.is_available():
-        return 0
-    targets = [
+    return param.device.type == "cpu" and param.dtype == torch.float32 and cpu_ops.is_available()
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, child) of every plain `nn.Linear`."""
+    return [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
+
+
+def keep_16_bit_weights(model: nn.Module) -> int:
+    """Swap every `nn.Linear` of a float32 CPU model whose weight holds only bfloat16 (else float16)
+    values, as a 16-bit checkpoint loaded in float32 does, for a `GGUFBlockLinear` over those 16-bit
+    rows: the same output bits for half the bytes. Returns how many were swapped."""
+    if not _runs_on_cpu_kernels(model):
+        return 0
+    swapped = 0
+    for parent, name, child in _linears(model):
+        if child.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
+            continue
+        weight = child.weight.detach()
+        for dtype, kind in SIXTEEN_BIT_KINDS.items():
+            rows = weight.to(dtype)
+            if torch.equal(rows.float(), weight):
+                setattr(parent, name, GGUFBlockLinear(rows.view(torch.uint8), kind, child.in_features, child.bias))
+                swapped += 1
+                break
+    return swapped
+
+
+def use_small_batch_linears(model: nn.Module) -> int:
+    """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
+    are available; returns how many were swapped."""
+    if not _runs_on_cpu_kernels(model):
+        return 0
+    targets = _linears(model)
     for parent, name, child in targets:
         setattr(parent, name, SmallBatchLinear.sharing(child))
     return len(targets)

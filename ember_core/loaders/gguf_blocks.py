@@ -8,7 +8,7 @@ import torch
 from gguf.gguf_reader import ReaderTensor
 from torch import nn
 
-from ember_core.layers.linear import GGUF_BLOCK_FORMATS, GGUFBlockLinear
+from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS, GGUFBlockLinear
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, hf_name, in_hf_row_order
 from ember_core.models.llama import Llama
 
@@ -42,8 +42,8 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
         shards = [(shard, by_module[shard]) for shard in _shard_names(model, name)]
         kinds = {tensor.tensor_type for _, tensor in shards}
         kind = kinds.pop()
-        if kinds or kind not in GGUF_BLOCK_FORMATS:
-            continue
+        if kinds or kind not in GGUF_BLOCK_FORMATS or kind in SIXTEEN_BIT_KINDS.values():
+            continue  # 16-bit tensors are kept by keep_16_bit_weights, as any checkpoint's
         rows = [
             in_hf_row_order(f"{shard}.weight", torch.from_numpy(np.array(tensor.data)), model.config)
             for shard, tensor in shards

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ember_core.layers.linear import keep_16_bit_weights
 from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.resolve import resolve_model
 from ember_core.models.registry import model_from_hf_config
@@ -49,15 +50,17 @@ def _load_hf(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple
     return model, load_hf_tokenizer(model_dir)
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, keep_gguf_blocks: bool = True) -> LoadedModel:
-    """`keep_gguf_blocks`: see EngineConfig.gguf_weights."""
+def load_model(name: str, device: torch.device, dtype: torch.dtype, compact_weights: bool = True) -> LoadedModel:
+    """`compact_weights`: keep GGUF blocks and 16-bit weights as stored (EngineConfig.gguf_weights == "blocks")."""
     path = resolve_model(name)
     if path.suffix == ".gguf":
         from ember_core.loaders.gguf_loader import load_gguf
 
-        model, tokenizer = load_gguf(path, device, dtype, keep_gguf_blocks)
+        model, tokenizer = load_gguf(path, device, dtype, compact_weights)
     else:
         model, tokenizer = _load_hf(path, device, dtype)
+    if compact_weights and (kept := keep_16_bit_weights(model)):
+        logger.info("%d linear layers run from their 16-bit rows", kept)
     config = model.config
     stop_ids = set(config.eos_token_ids)
     if tokenizer is not None:

@@ -78,7 +78,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--admission", choices=["preempt", "reserve"], default=defaults.admission, help="baseline")
     offline.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="baseline")
     offline.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=defaults.gguf_weights,
-                         help="baseline: run a GGUF file's Q4_1/Q8_0/Q4_K/Q6_K weights from their blocks or dequantized")
+                         help="baseline: run GGUF blocks and 16-bit weights as stored or dequantized")
     offline.add_argument("--device", help="cuda, mps or cpu (default: detected)")
     offline.add_argument("--block-size", type=int, default=defaults.block_size)
     offline.add_argument("--num-blocks", type=int, help="KV pool size in blocks (overrides --kv-cache-mib)")

@@ -102,7 +102,7 @@ def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompt
         key = (setting.dtype, setting.gguf_weights)
         if key not in loaded_models:
             dtype = resolve_dtype(setting.dtype, device)
-            loaded_models[key] = load_model(config.model, device, dtype, keep_gguf_blocks=setting.gguf_weights == "blocks")
+            loaded_models[key] = load_model(config.model, device, dtype, compact_weights=setting.gguf_weights == "blocks")
         return loaded_models[key]
 
     first = loaded(config.settings[0])
