@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from torch import nn
 
 from ember_core import LLM, SamplingParams
-from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear
+from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear, StackedBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
 from ember_core.models.llama import Llama
@@ -340,7 +340,7 @@ def test_dequantize_every_type(tmp_path: Path) -> None:
 
 SYNTHETIC_LLAMA3_ROPE = LLAMA3_ROPE
 # Tensor types by HF name suffix; block types need rows of 32-multiples. q/k/v (fused, q/k
-# permuted) and o, down run from their blocks; gate + up mix types, so their fused layer is float32.
+# permuted) and o, down run from their blocks; gate + up mix types: a StackedBlockLinear.
 SYNTHETIC_TYPES = {
     "embed_tokens.weight": Q.Q8_0,
     "q_proj.weight": Q.Q4_1,
@@ -485,7 +485,10 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
         layer = model.layers[1]
         block_layers = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
         assert all(isinstance(m, GGUFBlockLinear) == keep_blocks for m in block_layers)
-        assert not isinstance(layer.mlp.gate_up_proj, GGUFBlockLinear) and not isinstance(model.lm_head, GGUFBlockLinear)
+        assert isinstance(layer.mlp.gate_up_proj, StackedBlockLinear) == keep_blocks
+        if keep_blocks:
+            assert [part.kind for part in layer.mlp.gate_up_proj.parts] == [Q.F16, Q.Q4_1]
+        assert not isinstance(model.lm_head, GGUFBlockLinear)  # F16 alone: keep_16_bit_weights' job
 
 
 def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[bool, Llama]:
@@ -544,8 +547,16 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     first, second = models[True].layers
     assert models[True].lm_head.kind == Q.Q6_K and first.mlp.down_proj.kind == Q.Q6_K
     assert first.self_attn.qkv_proj.kind == Q.Q4_K and second.mlp.gate_up_proj.kind == Q.Q4_K
-    assert not isinstance(second.self_attn.qkv_proj, GGUFBlockLinear)
+    assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K]
+    assert [part.out_features for part in second.self_attn.qkv_proj.parts] == [256 + 128, 128]
     assert not any(isinstance(m, GGUFBlockLinear) for m in models[False].modules())
+    # Decode steps: layer 0 in one C++ call, layer 1 (stacked QKV) through its modules; the same bits.
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+    runs = [
+        [(o.token_ids, o.logprobs) for o in llm.generate(["a tiny test", "tt", "another prompt here"], params)]
+        for llm in (LLM(str(tmp_path / "k.gguf"), device="cpu", dtype="float32", kv_cache_mib=4, gguf_weights=w) for w in ("blocks", "dequantized"))
+    ]
+    assert runs[0] == runs[1]
 
 
 def test_rejects_other_architectures(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from ember_core.layers.linear import (
     SMALL_BATCH_ROWS,
     GGUFBlockLinear,
     SmallBatchLinear,
+    StackedBlockLinear,
     keep_16_bit_weights,
     tied_head,
     use_small_batch_linears,
@@ -164,6 +165,24 @@ def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
         for rows in (1, 3, SMALL_BATCH_ROWS + 9):  # the block kernel, then expand + F.linear
             x = torch.randn(rows, 64)
             assert torch.equal(layer(x), reference(x))
+
+
+@pytest.mark.usefixtures("kernel")
+def test_stacked_parts_in_different_formats_match_one_float32_layer() -> None:
+    """A fused QKV whose q/k are Q4_K and v Q6_K (a Q4_K_M file), with a bias."""
+    kinds = [Q.Q4_K, Q.Q6_K, Q.F16]
+    parts = [_blocks(kind, rows, 512 // per_block, seed=rows) for kind, rows, per_block in zip(kinds, (40, 24, 8), (256, 256, 32))]
+    bias = nn.Parameter(torch.randn(72))
+    layer = StackedBlockLinear([GGUFBlockLinear(blocks, kind, 512, None) for (blocks, _), kind in zip(parts, kinds)], bias)
+    reference = SmallBatchLinear(512, 72)
+    with torch.no_grad():
+        reference.weight.copy_(torch.cat([values for _, values in parts]))
+        reference.bias.copy_(bias)
+    assert (layer.in_features, layer.out_features) == (512, 72)
+    with torch.inference_mode():
+        for rows in (1, 16, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 9):  # the block kernel, then expand + F.linear
+            x = torch.randn(rows, 512)
+            assert torch.equal(layer(x), reference(x)), rows
 
 
 @pytest.mark.usefixtures("kernel")

@@ -87,12 +87,36 @@ class GGUFBlockLinear(nn.Module):
         return F.linear(x, self.dequantized_weight(), self.bias)
 
 
+class StackedBlockLinear(nn.Module):
+    """A fused linear (QKV, gate/up) whose parts are stored in different block formats, as a Q4_K_M
+    file's Q4_K q/k and Q6_K v: each part's rows run from its own blocks, one after the other."""
+
+    def __init__(self, parts: list[GGUFBlockLinear], bias: nn.Parameter | None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.bias = bias
+        self.in_features, self.out_features = parts[0].in_features, sum(part.out_features for part in parts)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return torch.cat([part.dequantized_weight() for part in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:  # the kernel's rows do not depend on each other
+            y = torch.cat([part(x) for part in self.parts], dim=1)
+            return y if self.bias is None else y.add_(self.bias)
+        # One GEMM over all rows, as the dequantized model runs: BLAS's bits may depend on the shape.
+        return F.linear(x, self.dequantized_weight(), self.bias)
+
+
 # torch.ops.ember.llama_decode_layer_'s format code for a float32 [out, in] weight.
 FLOAT32_WEIGHT_FORMAT = -1
 
 
-def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """(weight or blocks, bias, format code) of a linear, as torch.ops.ember.llama_decode_layer_ takes it."""
+def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """(weight or blocks, bias, format code) of a linear, as torch.ops.ember.llama_decode_layer_ takes
+    it; None for a StackedBlockLinear, which it does not take."""
+    if isinstance(linear, StackedBlockLinear):
+        return None
     if isinstance(linear, GGUFBlockLinear):
         return linear.blocks, linear.bias, linear.format
     return linear.weight, linear.bias, FLOAT32_WEIGHT_FORMAT

@@ -1,14 +1,23 @@
 """Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 Linears for
-`GGUFBlockLinear`s over the file's Q4_1 / Q8_0 / Q4_K / Q6_K rows (fused QKV and gate/up stacked as at load)."""
+`GGUFBlockLinear`s over the file's Q4_1 / Q8_0 / Q4_K / Q6_K rows (fused QKV and gate/up stacked as
+at load; `StackedBlockLinear` where their parts mix formats)."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
 from gguf.gguf_reader import ReaderTensor
 from torch import nn
 
-from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS, GGUFBlockLinear
+from ember_core.layers.linear import (
+    GGUF_BLOCK_FORMATS,
+    SIXTEEN_BIT_KINDS,
+    SIXTEEN_BIT_ROW_MULTIPLE,
+    GGUFBlockLinear,
+    StackedBlockLinear,
+)
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, hf_name, in_hf_row_order
 from ember_core.models.llama import Llama
 
@@ -24,12 +33,41 @@ def _shard_names(model: Llama, module_name: str) -> list[str]:
     return [module_name]
 
 
-def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
-    """Replace each Linear whose GGUF tensors all share one supported block format; returns how many.
+def _blocks_in_hf_order(model: Llama, shards: list[tuple[str, ReaderTensor]]) -> torch.Tensor:
+    """The shards' rows as uint8 blocks (16-bit rows included), stacked in the fused HF order."""
+    rows = []
+    for shard, tensor in shards:
+        data = torch.from_numpy(np.array(tensor.data))
+        rows.append(in_hf_row_order(f"{shard}.weight", data if data.dtype == torch.uint8 else data.view(torch.uint8), model.config))
+    return torch.cat(rows).contiguous()
 
-    The model must already hold the dequantized weights: a Linear whose tensors mix formats (or
-    use one the kernel does not read, such as Q5_K) keeps them. In a Q4_K_M file that is the fused
-    QKV of the layers whose V is Q6_K.
+
+def _block_linear(model: Llama, shards: list[tuple[str, ReaderTensor]], linear: nn.Linear) -> nn.Module | None:
+    """A GGUFBlockLinear over the shards' blocks, a StackedBlockLinear when they mix formats, or None
+    when one format is not the kernel's or all are 16-bit (those keep_16_bit_weights keeps)."""
+    kinds = [tensor.tensor_type for _, tensor in shards]
+    sixteen_bit = [kind in SIXTEEN_BIT_KINDS.values() for kind in kinds]
+    if any(kind not in GGUF_BLOCK_FORMATS for kind in kinds) or all(sixteen_bit):
+        return None
+    if any(sixteen_bit) and linear.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
+        return None
+    # Runs of consecutive shards in one format, e.g. [q, k] in Q4_K and [v] in Q6_K.
+    parts = [
+        GGUFBlockLinear(_blocks_in_hf_order(model, list(run)), kind, linear.in_features, None)
+        for kind, run in itertools.groupby(shards, key=lambda shard: shard[1].tensor_type)
+    ]
+    if sum(part.out_features for part in parts) != linear.out_features:
+        raise ValueError(f"GGUF blocks have {sum(part.out_features for part in parts)} rows, expected {linear.out_features}")
+    if len(parts) == 1:
+        return GGUFBlockLinear(parts[0].blocks, parts[0].kind, linear.in_features, linear.bias)
+    return StackedBlockLinear(parts, linear.bias)
+
+
+def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
+    """Replace each Linear whose GGUF tensors are all in block formats the kernel reads; returns how many.
+
+    The model must already hold the dequantized weights: a Linear with a tensor in another format
+    (such as Q5_K or F32) keeps them.
     """
     by_module = {
         hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t
@@ -39,20 +77,13 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     linears = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
     replaced = 0
     for name, linear in linears:
-        shards = [(shard, by_module[shard]) for shard in _shard_names(model, name)]
-        kinds = {tensor.tensor_type for _, tensor in shards}
-        kind = kinds.pop()
-        if kinds or kind not in GGUF_BLOCK_FORMATS or kind in SIXTEEN_BIT_KINDS.values():
-            continue  # 16-bit tensors are kept by keep_16_bit_weights, as any checkpoint's
-        rows = [
-            in_hf_row_order(f"{shard}.weight", torch.from_numpy(np.array(tensor.data)), model.config)
-            for shard, tensor in shards
-        ]
-        blocks = torch.cat(rows).contiguous()
-        if blocks.shape[0] != linear.out_features:
-            raise ValueError(f"GGUF blocks for {name} have {blocks.shape[0]} rows, expected {linear.out_features}")
+        try:
+            block_linear = _block_linear(model, [(shard, by_module[shard]) for shard in _shard_names(model, name)], linear)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+        if block_linear is None:
+            continue
         parent_name, _, attribute = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, attribute, GGUFBlockLinear(blocks, kind, linear.in_features, linear.bias))
+        setattr(model.get_submodule(parent_name), attribute, block_linear)
         replaced += 1
     return replaced

@@ -144,7 +144,12 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.decodes_only_on_kernel and hidden.dtype == torch.float32 and hidden.shape[0] <= SMALL_BATCH_ROWS:
+        if (
+            meta.decodes_only_on_kernel
+            and hidden.dtype == torch.float32
+            and hidden.shape[0] <= SMALL_BATCH_ROWS
+            and self.linear_operands is not None
+        ):
             return self.forward_fused_(hidden, cos, sin, meta)
         return self.forward_modules(hidden, cos, sin, meta)
 
@@ -153,14 +158,16 @@ class LlamaDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
     @functools.cached_property
-    def linear_operands(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...], tuple[int, ...]]:
-        """(weights, biases, formats) of qkv, o, gate_up and down, as llama_decode_layer_ takes them.
-        Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode step. The
-        runner swaps the linears before the first step and loading copies into the same tensors, so
-        they do not change afterwards."""
+    def linear_operands(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...], tuple[int, ...]] | None:
+        """(weights, biases, formats) of qkv, o, gate_up and down, as llama_decode_layer_ takes them;
+        None when one of them is a linear it does not take. Looked up once: the module lookups cost
+        ~20 us per layer, 0.6 ms of every decode step. The runner swaps the linears before the first
+        step and loading copies into the same tensors, so they do not change afterwards."""
         attention, mlp = self.self_attn, self.mlp
-        linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        weights, biases, formats = zip(*(kernel_operands(linear) for linear in linears))
+        operands = [kernel_operands(linear) for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(operand is None for operand in operands):
+            return None
+        weights, biases, formats = zip(*operands)
         return weights, biases, formats
 
     def forward_fused_(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
