@@ -517,11 +517,15 @@ def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers
 
 
 # As llama.cpp's Q4_K_M: Q4_K, with Q6_K for the tied embedding / head, some layers' V and down
-# projections. Layer 1's fused QKV mixes the two, so it is expanded at load.
+# projections, so layer 1's fused QKV mixes the two; and one tensor in each other block format.
 K_QUANT_TYPES_BY_SUFFIX = {
     "embed_tokens.weight": Q.Q6_K,
     "layers.1.self_attn.v_proj.weight": Q.Q6_K,
     "layers.0.mlp.down_proj.weight": Q.Q6_K,
+    "layers.0.self_attn.o_proj.weight": Q.Q5_K,
+    "layers.1.mlp.gate_proj.weight": Q.Q4_0,
+    "layers.1.mlp.up_proj.weight": Q.Q5_1,
+    "layers.1.mlp.down_proj.weight": Q.Q5_0,
     "proj.weight": Q.Q4_K,
 }
 
@@ -546,8 +550,10 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     models = _logits_match_with_blocks_and_dequantized(tmp_path / "k.gguf", hf_model)
     first, second = models[True].layers
     assert models[True].lm_head.kind == Q.Q6_K and first.mlp.down_proj.kind == Q.Q6_K
-    assert first.self_attn.qkv_proj.kind == Q.Q4_K and second.mlp.gate_up_proj.kind == Q.Q4_K
+    assert first.self_attn.qkv_proj.kind == Q.Q4_K and first.self_attn.o_proj.kind == Q.Q5_K
+    assert first.mlp.gate_up_proj.kind == Q.Q4_K and second.mlp.down_proj.kind == Q.Q5_0
     assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K]
+    assert [part.kind for part in second.mlp.gate_up_proj.parts] == [Q.Q4_0, Q.Q5_1]
     assert [part.out_features for part in second.self_attn.qkv_proj.parts] == [256 + 128, 128]
     assert not any(isinstance(m, GGUFBlockLinear) for m in models[False].modules())
     # Decode steps: layer 0 in one C++ call, layer 1 (stacked QKV) through its modules; the same bits.

@@ -98,9 +98,9 @@ def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], 
 # --- GGUF blocks --------------------------------------------------------------------------------
 
 Q = gguf.GGMLQuantizationType
-BLOCK_KINDS = [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16, Q.BF16]
-# The float16 fields of a K-quant block: Q4_K's d and dmin lead it, Q6_K's d ends it.
-K_QUANT_HALF_OFFSETS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+BLOCK_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16]
+# The float16 fields of a K-quant block: Q4_K's and Q5_K's d and dmin lead it, Q6_K's d ends it.
+K_QUANT_HALF_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def random_k_quant_blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int, scale: float) -> np.ndarray:
@@ -190,8 +190,8 @@ def test_block_kernel_rejects_blocks_that_do_not_fit() -> None:
     blocks, _ = _blocks(Q.Q4_1, 4, 2, seed=0)
     with pytest.raises(RuntimeError, match="rows of 96 weights take 60 bytes in this format, blocks has 40"):
         torch.ops.ember.gguf_block_linear(torch.ones(2, 96), blocks, None, 0, 96)
-    with pytest.raises(RuntimeError, match="unknown GGUF block format 7"):
-        torch.ops.ember.gguf_dequantize(blocks, 7, 64)
+    with pytest.raises(RuntimeError, match="unknown GGUF block format 17"):
+        torch.ops.ember.gguf_dequantize(blocks, 17, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.ember.gguf_dequantize(blocks, 0, 40)
     with pytest.raises(RuntimeError, match="multiple of 256 in this format"):

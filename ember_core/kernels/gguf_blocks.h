@@ -1,5 +1,5 @@
-// GGUF block formats the CPU kernels read in place (ggml's block_q4_1, block_q8_0, block_q4_K,
-// block_q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
+// GGUF block formats the CPU kernels read in place (ggml's block_q4_0, q4_1, q5_0, q5_1, q8_0,
+// q4_K, q5_K, q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
 // time, with exactly the values gguf-py's dequantization (or torch's .float()) gives. Every step of an expansion is exact but the last, which rounds once as
 // gguf-py's last numpy operation does, so a kernel over blocks is bit-identical to one over the
 // dequantized float32 weights.
@@ -22,7 +22,9 @@
 
 namespace {
 
-enum BlockFormat : int64_t { kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5 };
+enum BlockFormat : int64_t {
+  kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5, kQ4_0 = 6, kQ5_0 = 7, kQ5_1 = 8, kQ5_K = 9
+};
 
 struct BlockLayout {
   int64_t values, bytes;  // weights per block, bytes per block
@@ -35,14 +37,18 @@ constexpr BlockLayout kBlockLayouts[] = {
     {256, 210},  // Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, float16 d
     {32, 64},    // F16: plain float16 values (a "block" is just the 32 values expanded at a time)
     {32, 64},    // BF16: plain bfloat16 values
+    {32, 18},    // Q4_0: float16 d, 16 bytes of 4-bit q: value = d * (q - 8)
+    {32, 22},    // Q5_0: float16 d, 32 bits of fifth bits, 16 bytes of low 4 bits: value = d * (q - 16)
+    {32, 24},    // Q5_1: float16 d, m, 32 fifth bits, 16 bytes of low 4 bits: value = d * q + m
+    {256, 176},  // Q5_K: Q4_K's d, dmin and scales, 32 bytes of fifth bits, 128 bytes of low 4 bits
 };
 
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
 
 inline BlockLayout block_layout(int64_t format) {
-  TORCH_CHECK(format >= kQ4_1 && format <= kBF16, "unknown GGUF block format ", format,
-              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16)");
+  TORCH_CHECK(format >= kQ4_1 && format <= kQ5_K, "unknown GGUF block format ", format,
+              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16, 6 = Q4_0, 7 = Q5_0, 8 = Q5_1, 9 = Q5_K)");
   return kBlockLayouts[format];
 }
 
@@ -56,7 +62,11 @@ void with_block_format(int64_t format, F&& f) {
     case kQ4_K: return f(std::integral_constant<int64_t, kQ4_K>{});
     case kQ6_K: return f(std::integral_constant<int64_t, kQ6_K>{});
     case kF16: return f(std::integral_constant<int64_t, kF16>{});
-    default: return f(std::integral_constant<int64_t, kBF16>{});
+    case kBF16: return f(std::integral_constant<int64_t, kBF16>{});
+    case kQ4_0: return f(std::integral_constant<int64_t, kQ4_0>{});
+    case kQ5_0: return f(std::integral_constant<int64_t, kQ5_0>{});
+    case kQ5_1: return f(std::integral_constant<int64_t, kQ5_1>{});
+    default: return f(std::integral_constant<int64_t, kQ5_K>{});
   }
 }
 
@@ -78,11 +88,11 @@ inline void q4_k_scale_min(const uint8_t* packed, int64_t j, int& scale, int& mi
 }
 
 // The factors a sub-block's integers are scaled by, as gguf-py forms them in float32 (exact:
-// float16 times a 6- or 8-bit integer): Q4_K's d * scale and dmin * min, Q6_K's d * scale of
-// each half. Returns {first, second}.
+// float16 times a 6- or 8-bit integer): Q4_K's and Q5_K's d * scale and dmin * min, Q6_K's
+// d * scale of each half. Returns {first, second}.
 template <int64_t Format>
 inline std::pair<float, float> sub_block_factors(const uint8_t* block, int64_t sub) {
-  if constexpr (Format == kQ4_K) {
+  if constexpr (Format == kQ4_K || Format == kQ5_K) {
     int scale, min;
     q4_k_scale_min(block + 4, sub, scale, min);
     return {half_at(block) * static_cast<float>(scale), half_at(block + 2) * static_cast<float>(min)};
@@ -111,6 +121,22 @@ inline __m256i widen_bytes(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
+// Q4_0, Q5_0, Q5_1: the low 4 bits of values 8j to 8j + 7; values 0-15 are the low nibbles of the
+// 16 bytes at q, values 16-31 the high ones.
+inline __m256i low_nibbles(const uint8_t* q, int64_t j) {
+  const __m256i bytes = widen_bytes(q + (j % 2) * kLanes);
+  return j < 2 ? _mm256_and_si256(bytes, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(bytes, 4);
+}
+
+// Q5_0, Q5_1: the fifth bits of values 8j to 8j + 7 (bit i of the 32 little-endian bits at high
+// is value i's), in place (16 or 0).
+inline __m256i fifth_bits(const uint8_t* high, int64_t j) {
+  uint32_t bits;
+  std::memcpy(&bits, high, sizeof(bits));
+  const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(static_cast<int>(j * kLanes)));
+  return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), shifts), _mm256_set1_epi32(1)), 4);
+}
+
 // The float32 values of sub-block `sub` of a block, in registers. Q4_1's d * q + m and Q4_K's
 // d * q - dm are one FMA: d * q is exact, so rounding once equals gguf-py's two roundings of which
 // the first is exact.
@@ -136,15 +162,34 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
       const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + j * kLanes)));
       values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
     }
-  } else if constexpr (Format == kQ4_K) {
-    // Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
+  } else if constexpr (Format == kQ4_0 || Format == kQ5_0 || Format == kQ5_1) {
+    const __m256 d = _mm256_set1_ps(half_at(block));
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      if constexpr (Format == kQ4_0) {
+        const __m256i q = _mm256_sub_epi32(low_nibbles(block + 2, j), _mm256_set1_epi32(8));
+        values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+      } else if constexpr (Format == kQ5_0) {
+        const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low_nibbles(block + 6, j), fifth_bits(block + 2, j)), _mm256_set1_epi32(16));
+        values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+      } else {
+        const __m256i q = _mm256_or_si256(low_nibbles(block + 8, j), fifth_bits(block + 4, j));
+        values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), _mm256_set1_ps(half_at(block + 2))));
+      }
+    }
+  } else if constexpr (Format == kQ4_K || Format == kQ5_K) {
+    // Sub-blocks 2i and 2i + 1 are the low and high nibbles of the same 32 bytes; Q5_K's fifth bit
+    // of value e of sub-block c is bit c of its e-th byte of fifth bits.
     const auto [scale, min] = sub_block_factors<Format>(block, sub);
     const __m256 d = _mm256_set1_ps(scale), negative_dm = _mm256_set1_ps(-min);
-    const uint8_t* q = block + 16 + 32 * (sub / 2);
-    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(4 * (sub % 2)));
+    const uint8_t* q = block + (Format == kQ4_K ? 16 : 48) + 32 * (sub / 2);
+    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(4 * (sub % 2))), high_shift = _mm_cvtsi32_si128(static_cast<int>(sub));
     const __m256i low_nibble = _mm256_set1_epi32(0x0F);
     for (int64_t j = 0; j < kSubBlockVectors; ++j) {
-      const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(q + j * kLanes), shift), low_nibble);
+      __m256i nibbles = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(q + j * kLanes), shift), low_nibble);
+      if constexpr (Format == kQ5_K) {
+        const __m256i high = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(block + 16 + j * kLanes), high_shift), _mm256_set1_epi32(1));
+        nibbles = _mm256_or_si256(nibbles, _mm256_slli_epi32(high, 4));
+      }
       values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nibbles), negative_dm));
     }
   } else if constexpr (Format == kF16) {
@@ -192,10 +237,29 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
     const vfloat d = broadcast(half_at(block));
     const int8_t* bytes = reinterpret_cast<const int8_t*>(block + 2);
     for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = to_floats(bytes + j * kLanes) * d;
-  } else if constexpr (Format == kQ4_K) {
+  } else if constexpr (Format == kQ4_0 || Format == kQ5_0 || Format == kQ5_1) {
+    constexpr int64_t kLowBits = Format == kQ4_0 ? 2 : Format == kQ5_0 ? 6 : 8;
+    uint32_t fifth_bits = 0;
+    if constexpr (Format != kQ4_0) std::memcpy(&fifth_bits, block + kLowBits - 4, sizeof(fifth_bits));
+    for (int64_t i = 0; i < kSubBlockValues; ++i) {
+      const int low = i < 16 ? block[kLowBits + i] & 0xF : block[kLowBits + i - 16] >> 4;
+      q[i] = low | static_cast<int>(((fifth_bits >> i) & 1) << 4);
+      q[i] -= Format == kQ4_0 ? 8 : Format == kQ5_0 ? 16 : 0;
+    }
+    const vfloat d = broadcast(half_at(block));
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      if constexpr (Format == kQ5_1)
+        values[j] = d * to_floats(q + j * kLanes) + half_at(block + 2);
+      else
+        values[j] = to_floats(q + j * kLanes) * d;
+    }
+  } else if constexpr (Format == kQ4_K || Format == kQ5_K) {
     const auto [scale, min] = sub_block_factors<Format>(block, sub);
-    const uint8_t* bytes = block + 16 + 32 * (sub / 2);
-    for (int64_t i = 0; i < kSubBlockValues; ++i) q[i] = (bytes[i] >> (4 * (sub % 2))) & 0xF;
+    const uint8_t* bytes = block + (Format == kQ4_K ? 16 : 48) + 32 * (sub / 2);
+    for (int64_t i = 0; i < kSubBlockValues; ++i) {
+      q[i] = (bytes[i] >> (4 * (sub % 2))) & 0xF;
+      if constexpr (Format == kQ5_K) q[i] |= ((block[16 + i] >> sub) & 1) << 4;
+    }
     for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = broadcast(scale) * to_floats(q + j * kLanes) - min;
   } else if constexpr (Format == kF16 || Format == kBF16) {
     using Half = std::conditional_t<Format == kF16, c10::Half, c10::BFloat16>;

@@ -1,5 +1,5 @@
 """Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 Linears for
-`GGUFBlockLinear`s over the file's Q4_1 / Q8_0 / Q4_K / Q6_K rows (fused QKV and gate/up stacked as
+`GGUFBlockLinear`s over the file's Q4_0 to Q8_0, Q4_K to Q6_K rows (fused QKV and gate/up stacked as
 at load; `StackedBlockLinear` where their parts mix formats)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     """Replace each Linear whose GGUF tensors are all in block formats the kernel reads; returns how many.
 
     The model must already hold the dequantized weights: a Linear with a tensor in another format
-    (such as Q5_K or F32) keeps them.
+    (such as Q3_K or F32) keeps them.
     """
     by_module = {
         hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t
