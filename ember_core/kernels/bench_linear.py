@@ -3,7 +3,8 @@
 A step is the 120 layer matmuls (fused QKV, O, gate+up, down for 30 layers) plus the 49152 x 576
 LM head, each layer with its own weights, so they stream from memory as in a real decode step.
 The GGUF candidate keeps the layers in Q4_1 blocks and the head in Q8_0, as the packaged
-SmolLM2 file stores them (random weights quantized with gguf-py here).
+SmolLM2 file stores them (random weights quantized with gguf-py here); the BF16 candidate keeps
+bfloat16 rows, as a bf16 checkpoint loaded in float32 runs.
 Candidates run in rotation inside every repeat so that load from other processes hits them all
 alike; the median and the best step are printed per batch size.
 """
@@ -45,10 +46,18 @@ def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], Any]]]:
             lambda w: w,
         )
         found["ember gguf_block_linear (Q4_1 layers, Q8_0 head)"] = (
-            lambda x, packed: torch.ops.ember.gguf_block_linear(x, packed[0], None, packed[1], x.shape[1]),
+            _block_linear,
             _quantize_like_smollm2,
         )
+        found["ember gguf_block_linear (BF16 rows)"] = (
+            _block_linear,
+            lambda w: (w.bfloat16().view(torch.uint8), GGUF_BLOCK_FORMATS[gguf.GGMLQuantizationType.BF16]),
+        )
     return found
+
+
+def _block_linear(x: torch.Tensor, packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+    return torch.ops.ember.gguf_block_linear(x, packed[0], None, packed[1], x.shape[1])
 
 
 def _quantize_like_smollm2(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
