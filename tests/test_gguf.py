@@ -455,24 +455,26 @@ def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM, t
     return stored
 
 
-def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
-    """Untied head, GQA, q/k biases (permuted too), llama3 rope as rope_freqs, F32/F16/Q8_0/Q4_1 tensors,
-    with the Q4_1/Q8_0 layers run from their blocks or dequantized at load."""
-    config = transformers.LlamaConfig(
+def _synthetic_llama(**overrides) -> transformers.LlamaForCausalLM:
+    """A 2-layer GQA Llama over the synthetic files' 259-token vocabulary, with llama3 rope."""
+    defaults = dict(
         vocab_size=259,
-        hidden_size=64,
-        intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=128,
         rms_norm_eps=1e-5,
-        attention_bias=True,
         rope_parameters=SYNTHETIC_LLAMA3_ROPE,
-        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    hf_model = transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**defaults, **overrides})).eval()
+
+
+def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
+    """Untied head, GQA, q/k biases (permuted too), llama3 rope as rope_freqs, F32/F16/Q8_0/Q4_1 tensors,
+    with the Q4_1/Q8_0 layers run from their blocks or dequantized at load."""
+    hf_model = _synthetic_llama(
+        hidden_size=64, intermediate_size=96, max_position_embeddings=128, attention_bias=True, tie_word_embeddings=False
+    )
     with torch.no_grad():
         for name, param in hf_model.named_parameters():
             param.copy_(torch.rand_like(param) + 0.5 if "norm" in name else torch.randn_like(param) * 0.15)
@@ -531,20 +533,8 @@ K_QUANT_TYPES_BY_SUFFIX = {
 
 
 def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
-    config = transformers.LlamaConfig(
-        vocab_size=259,
-        hidden_size=256,  # K-quant rows are whole blocks of 256
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-5,
-        rope_parameters=SYNTHETIC_LLAMA3_ROPE,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    hf_model = transformers.LlamaForCausalLM(config).eval()
+    # K-quant rows are whole blocks of 256.
+    hf_model = _synthetic_llama(hidden_size=256, intermediate_size=512, max_position_embeddings=256, tie_word_embeddings=True)
     stored = _write_synthetic_gguf(tmp_path / "k.gguf", hf_model, K_QUANT_TYPES_BY_SUFFIX)
     hf_model.load_state_dict(stored)
     models = _logits_match_with_blocks_and_dequantized(tmp_path / "k.gguf", hf_model)
