@@ -457,14 +457,14 @@ def _write_synthetic_gguf(path: Path, hf_model: transformers.LlamaForCausalLM, t
 
 def _synthetic_llama(**overrides) -> transformers.LlamaForCausalLM:
     """A 2-layer GQA Llama over the synthetic files' 259-token vocabulary, with llama3 rope."""
-    defaults = dict(
-        vocab_size=259,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        rope_parameters=SYNTHETIC_LLAMA3_ROPE,
-    )
+    defaults = {
+        "vocab_size": 259,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": SYNTHETIC_LLAMA3_ROPE,
+    }
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**defaults, **overrides})).eval()
 

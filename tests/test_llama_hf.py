@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ember_core import LLM, SamplingParams
 from ember_core.layers.linear import GGUFBlockLinear
@@ -42,7 +41,7 @@ CASES = {
     ),
     "sharded": dict(num_key_value_heads=2, num_hidden_layers=3),
     # Saved in bfloat16, as most HF checkpoints are; ember runs it in float32 from its 16-bit rows.
-    "bfloat16_checkpoint": dict(num_key_value_heads=2, attention_bias=True),
+    "bfloat16_checkpoint": {"num_key_value_heads": 2, "attention_bias": True},
 }
 PROMPT_LENGTHS = (1, 6, 19, 33)
 BLOCK_SIZE = 4
