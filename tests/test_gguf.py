@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from torch import nn
 
 from ember_core import LLM, SamplingParams
+from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear, StackedBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
@@ -70,7 +71,7 @@ def raw_tensors(smollm2_reader: gguf.GGUFReader) -> dict[str, gguf.ReaderTensor]
 def _loaded_weight(model: nn.Module, name: str) -> torch.Tensor:
     """A weight's float32 values, whether its layer holds them or expands them from GGUF blocks."""
     module = model.get_submodule(name.rpartition(".")[0])
-    if isinstance(module, GGUFBlockLinear):
+    if isinstance(module, (GGUFBlockLinear, GGUFBlockEmbedding)):
         return module.dequantized_weight()
     return model.get_parameter(name).detach()
 
@@ -171,6 +172,9 @@ def test_smollm2_runs_from_its_blocks_with_the_dequantized_weights_outputs(llm: 
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, GGUFBlockLinear))]
     assert len(linears) == 4 * 30 + 1 and all(isinstance(m, GGUFBlockLinear) for m in linears)
     assert model.lm_head.kind == Q.Q8_0 and model.layers[0].mlp.gate_up_proj.kind == Q.Q4_1
+    # The tied embedding reads the head's blocks: no float32 table (113 MB) is left, only the norms.
+    assert model.embed_tokens.blocks is model.lm_head.blocks
+    assert sum(param.numel() for param in model.parameters()) < 100_000
     dequantized = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, gguf_weights="dequantized")
     assert isinstance(dequantized.engine.runner.model.lm_head, nn.Linear)
     for prompt in _prompt_ids(llm.tokenizer)[:2]:
@@ -540,6 +544,7 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     models = _logits_match_with_blocks_and_dequantized(tmp_path / "k.gguf", hf_model)
     first, second = models[True].layers
     assert models[True].lm_head.kind == Q.Q6_K and first.mlp.down_proj.kind == Q.Q6_K
+    assert models[True].embed_tokens.blocks is models[True].lm_head.blocks
     assert first.self_attn.qkv_proj.kind == Q.Q4_K and first.self_attn.o_proj.kind == Q.Q5_K
     assert first.mlp.gate_up_proj.kind == Q.Q4_K and second.mlp.down_proj.kind == Q.Q5_0
     assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K]

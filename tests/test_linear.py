@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import (
     GGUF_BLOCK_FORMATS,
     SIXTEEN_BIT_KINDS,
@@ -17,10 +18,10 @@ from ember_core.layers.linear import (
     GGUFBlockLinear,
     SmallBatchLinear,
     StackedBlockLinear,
-    keep_16_bit_weights,
     tied_head,
     use_small_batch_linears,
 )
+from ember_core.layers.sixteen_bit_weights import keep_16_bit_weights
 from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 
@@ -224,11 +225,15 @@ def test_16_bit_weights_run_from_their_rows_with_the_same_bits() -> None:
     with torch.inference_mode():
         before = {name: {rows: layer(x) for rows, x in inputs.items()} for name, layer in float32_layers.items()}
 
-    assert keep_16_bit_weights(model) == 3
+    ids = torch.tensor([[3, 49, 0], [7, 7, 1]])
+    expected_embedding = F.embedding(ids, embedding.weight)
+    assert keep_16_bit_weights(model) == 4
     assert model["head"].kind == SIXTEEN_BIT_KINDS[torch.bfloat16] and model["bf16"].kind == SIXTEEN_BIT_KINDS[torch.bfloat16]
     assert model["f16"].kind == SIXTEEN_BIT_KINDS[torch.float16] and model["f16"].blocks.shape == (32, 128)
     assert type(model["float32"]) is nn.Linear and type(model["odd"]) is nn.Linear and 40 % SIXTEEN_BIT_ROW_MULTIPLE
-    assert model["embed"].weight.dtype == torch.float32  # the head's tie keeps the embedding as it was
+    # The tied embedding and head share one copy of the bf16 rows; lookups give the float32 values.
+    assert isinstance(model["embed"], GGUFBlockEmbedding) and model["embed"].blocks is model["head"].blocks
+    assert torch.equal(model["embed"](ids), expected_embedding)
     with torch.inference_mode():
         for name, outputs in before.items():
             for rows, x in inputs.items():
@@ -238,3 +243,16 @@ def test_16_bit_weights_run_from_their_rows_with_the_same_bits() -> None:
 def test_16_bit_weights_stay_float32_tensors_off_the_float32_cpu_path() -> None:
     model = nn.Sequential(nn.Linear(32, 8).bfloat16())
     assert keep_16_bit_weights(model) == 0 and type(model[0]) is nn.Linear
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q6_K, Q.BF16], ids=lambda kind: kind.name)
+def test_block_embedding_looks_up_the_dequantized_rows(kind: gguf.GGMLQuantizationType) -> None:
+    blocks, values = _blocks(kind, 50, 512 // (256 if kind == Q.Q6_K else 32), seed=11)
+    embedding = GGUFBlockEmbedding(blocks, kind, 512)
+    assert (embedding.num_embeddings, embedding.embedding_dim) == (50, 512) and f"{kind.name} blocks" in repr(embedding)
+    assert torch.equal(embedding.dequantized_weight(), values)
+    for ids in (torch.tensor([0, 49, 3, 3]), torch.tensor([[5, 1], [2, 40]]), torch.tensor([], dtype=torch.long)):
+        assert torch.equal(embedding(ids), F.embedding(ids, values))
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([50]))

@@ -12,6 +12,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ember_core import LLM, SamplingParams
+from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders import load_model
 from ember_core.models.llama import Llama, LlamaConfig
@@ -204,6 +205,7 @@ def test_bfloat16_checkpoint_runs_from_its_16_bit_rows_with_the_float32_bits(tmp
         llm = LLM(str(model_dir), num_blocks=96, block_size=BLOCK_SIZE, device="cpu", dtype="float32", gguf_weights=gguf_weights)
         linears = [m for m in llm.engine.runner.model.modules() if isinstance(m, (nn.Linear, GGUFBlockLinear))]
         assert all(isinstance(m, GGUFBlockLinear) == (gguf_weights == "blocks") for m in linears) and len(linears) == 9
+        assert isinstance(llm.engine.runner.model.embed_tokens, GGUFBlockEmbedding) == (gguf_weights == "blocks")
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
         runs[gguf_weights] = [(o.token_ids, o.logprobs) for o in llm.generate(_prompts(), params)]
     assert runs["blocks"] == runs["dequantized"]

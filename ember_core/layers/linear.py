@@ -126,47 +126,28 @@ def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     return linear.weight, linear.bias, FLOAT32_WEIGHT_FORMAT
 
 
-def _runs_on_cpu_kernels(model: nn.Module) -> bool:
+def runs_on_cpu_kernels(model: nn.Module) -> bool:
+    """Whether a model runs in float32 on the CPU with ember's C++ ops available."""
     param = next(model.parameters())
     return param.device.type == "cpu" and param.dtype == torch.float32 and cpu_ops.is_available()
 
 
-def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, child) of every plain `nn.Linear`."""
+def children_of_type(model: nn.Module, module_type: type[nn.Module]) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, child) of every submodule whose type is exactly module_type."""
     return [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear
+        if type(child) is module_type
     ]
-
-
-def keep_16_bit_weights(model: nn.Module) -> int:
-    """Swap every `nn.Linear` of a float32 CPU model whose weight holds only bfloat16 (else float16)
-    values, as a 16-bit checkpoint loaded in float32 does, for a `GGUFBlockLinear` over those 16-bit
-    rows: the same output bits for half the bytes. Returns how many were swapped."""
-    if not _runs_on_cpu_kernels(model):
-        return 0
-    swapped = 0
-    for parent, name, child in _linears(model):
-        if child.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
-            continue
-        weight = child.weight.detach()
-        for dtype, kind in SIXTEEN_BIT_KINDS.items():
-            rows = weight.to(dtype)
-            if torch.equal(rows.float(), weight):
-                setattr(parent, name, GGUFBlockLinear(rows.view(torch.uint8), kind, child.in_features, child.bias))
-                swapped += 1
-                break
-    return swapped
 
 
 def use_small_batch_linears(model: nn.Module) -> int:
     """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
     are available; returns how many were swapped."""
-    if not _runs_on_cpu_kernels(model):
+    if not runs_on_cpu_kernels(model):
         return 0
-    targets = _linears(model)
+    targets = children_of_type(model, nn.Linear)
     for parent, name, child in targets:
         setattr(parent, name, SmallBatchLinear.sharing(child))
     return len(targets)

@@ -11,6 +11,7 @@ import torch
 from gguf.gguf_reader import ReaderTensor
 from torch import nn
 
+from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import (
     GGUF_BLOCK_FORMATS,
     SIXTEEN_BIT_KINDS,
@@ -64,10 +65,11 @@ def _block_linear(model: Llama, shards: list[tuple[str, ReaderTensor]], linear: 
 
 
 def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
-    """Replace each Linear whose GGUF tensors are all in block formats the kernel reads; returns how many.
+    """Replace each Linear whose GGUF tensors are all in block formats the kernel reads, and the
+    token embedding when it is in one (sharing a tied head's blocks); returns how many.
 
-    The model must already hold the dequantized weights: a Linear with a tensor in another format
-    (such as Q3_K or F32) keeps them.
+    The model must already hold the dequantized weights: a module with a tensor in another format
+    (such as Q3_K or F32) keeps them; 16-bit ones are keep_16_bit_weights' job.
     """
     by_module = {
         hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t
@@ -85,5 +87,12 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
             continue
         parent_name, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attribute, block_linear)
+        replaced += 1
+    embedding = by_module["embed_tokens"]
+    if embedding.tensor_type in GGUF_BLOCK_FORMATS and embedding.tensor_type not in SIXTEEN_BIT_KINDS.values():
+        head = model.lm_head
+        tied = model.config.tie_word_embeddings and isinstance(head, GGUFBlockLinear)
+        blocks = head.blocks if tied else _blocks_in_hf_order(model, [("embed_tokens", embedding)])
+        model.embed_tokens = GGUFBlockEmbedding(blocks, embedding.tensor_type, model.config.hidden_size)
         replaced += 1
     return replaced

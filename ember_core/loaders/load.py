@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ember_core.layers.linear import keep_16_bit_weights
+from ember_core.layers.sixteen_bit_weights import keep_16_bit_weights
 from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.resolve import resolve_model
 from ember_core.models.registry import model_from_hf_config
