@@ -100,5 +100,5 @@ def load_gguf(
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)
     if keep_blocks and device.type == "cpu" and dtype == torch.float32 and cpu_ops.is_available():
         replaced = keep_gguf_blocks(model, reader.tensors)
-        logger.info("%d linear layers run from their GGUF blocks", replaced)
+        logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
     return model, tokenizer

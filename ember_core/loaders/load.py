@@ -60,7 +60,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, compact_weig
     else:
         model, tokenizer = _load_hf(path, device, dtype)
     if compact_weights and (kept := keep_16_bit_weights(model)):
-        logger.info("%d linear layers run from their 16-bit rows", kept)
+        logger.info("%d linear and embedding layers run from their 16-bit rows", kept)
     config = model.config
     stop_ids = set(config.eos_token_ids)
     if tokenizer is not None:
