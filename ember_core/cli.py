@@ -33,7 +33,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=_env("device", None), help="cuda, mps or cpu (default: detected)")
     parser.add_argument("--dtype", default=_env("dtype", None), help="float32, bfloat16, float16 or auto")
     parser.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=_env("gguf_weights", defaults.gguf_weights),
-                        help="float32 on CPU: keep GGUF Q4_0-Q8_0/Q4_K-Q6_K blocks and 16-bit weights as stored (default; same outputs) or expand them at load")
+                        help="float32 on CPU: keep GGUF Q4_0-Q8_0/Q2_K-Q6_K blocks and 16-bit weights as stored (default; same outputs) or expand them at load")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=_env("kv_cache_dtype", defaults.kv_cache_dtype),
                         help="K/V storage; auto = the model's dtype. float16 or bfloat16 halve a float32 model's "
                              "cache (rounded K/V)")

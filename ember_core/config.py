@@ -26,8 +26,8 @@ class EngineConfig:
     batching: Batching = "continuous"
     device: str | None = None
     dtype: str | None = None
-    # "blocks": a float32 CPU model keeps a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K /
-    # Q5_K / Q6_K blocks and the 16-bit rows of bfloat16 / float16 weights (any checkpoint) as
+    # "blocks": a float32 CPU model keeps a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K to
+    # Q6_K blocks and the 16-bit rows of bfloat16 / float16 weights (any checkpoint) as
     # stored: the same outputs, 2-7x less memory traffic. "dequantized" expands them at load.
     gguf_weights: GGUFWeights = "blocks"
     # "auto": the model's dtype. A float32 model may keep float16 or bfloat16 K/V: half the cache

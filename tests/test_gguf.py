@@ -532,6 +532,8 @@ K_QUANT_TYPES_BY_SUFFIX = {
     "layers.1.mlp.gate_proj.weight": Q.Q4_0,
     "layers.1.mlp.up_proj.weight": Q.Q5_1,
     "layers.1.mlp.down_proj.weight": Q.Q5_0,
+    "layers.0.mlp.gate_proj.weight": Q.Q2_K,
+    "layers.0.mlp.up_proj.weight": Q.Q3_K,
     "proj.weight": Q.Q4_K,
 }
 
@@ -546,7 +548,8 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     assert models[True].lm_head.kind == Q.Q6_K and first.mlp.down_proj.kind == Q.Q6_K
     assert models[True].embed_tokens.blocks is models[True].lm_head.blocks
     assert first.self_attn.qkv_proj.kind == Q.Q4_K and first.self_attn.o_proj.kind == Q.Q5_K
-    assert first.mlp.gate_up_proj.kind == Q.Q4_K and second.mlp.down_proj.kind == Q.Q5_0
+    assert second.mlp.down_proj.kind == Q.Q5_0
+    assert [part.kind for part in first.mlp.gate_up_proj.parts] == [Q.Q2_K, Q.Q3_K]
     assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K]
     assert [part.kind for part in second.mlp.gate_up_proj.parts] == [Q.Q4_0, Q.Q5_1]
     assert [part.out_features for part in second.self_attn.qkv_proj.parts] == [256 + 128, 128]

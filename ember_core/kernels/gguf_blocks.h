@@ -1,5 +1,5 @@
 // GGUF block formats the CPU kernels read in place (ggml's block_q4_0, q4_1, q5_0, q5_1, q8_0,
-// q4_K, q5_K, q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
+// q2_K, q3_K, q4_K, q5_K, q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
 // time, with exactly the values gguf-py's dequantization (or torch's .float()) gives. Every step of an expansion is exact but the last, which rounds once as
 // gguf-py's last numpy operation does, so a kernel over blocks is bit-identical to one over the
 // dequantized float32 weights.
@@ -23,7 +23,8 @@
 namespace {
 
 enum BlockFormat : int64_t {
-  kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5, kQ4_0 = 6, kQ5_0 = 7, kQ5_1 = 8, kQ5_K = 9
+  kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5, kQ4_0 = 6, kQ5_0 = 7, kQ5_1 = 8, kQ5_K = 9,
+  kQ2_K = 10, kQ3_K = 11
 };
 
 struct BlockLayout {
@@ -41,14 +42,17 @@ constexpr BlockLayout kBlockLayouts[] = {
     {32, 22},    // Q5_0: float16 d, 32 bits of fifth bits, 16 bytes of low 4 bits: value = d * (q - 16)
     {32, 24},    // Q5_1: float16 d, m, 32 fifth bits, 16 bytes of low 4 bits: value = d * q + m
     {256, 176},  // Q5_K: Q4_K's d, dmin and scales, 32 bytes of fifth bits, 128 bytes of low 4 bits
+    {256, 84},   // Q2_K: 16 bytes of 4-bit scale and min per 16 values, 64 bytes of 2-bit q, float16 d, dmin
+    {256, 110},  // Q3_K: 32 bytes of third bits, 64 of low 2 bits, 12 of 6-bit scales, float16 d
 };
 
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
 
 inline BlockLayout block_layout(int64_t format) {
-  TORCH_CHECK(format >= kQ4_1 && format <= kQ5_K, "unknown GGUF block format ", format,
-              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16, 6 = Q4_0, 7 = Q5_0, 8 = Q5_1, 9 = Q5_K)");
+  TORCH_CHECK(format >= kQ4_1 && format <= kQ3_K, "unknown GGUF block format ", format,
+              " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16, 6 = Q4_0, 7 = Q5_0, 8 = Q5_1, 9 = Q5_K, "
+              "10 = Q2_K, 11 = Q3_K)");
   return kBlockLayouts[format];
 }
 
@@ -66,7 +70,9 @@ void with_block_format(int64_t format, F&& f) {
     case kQ4_0: return f(std::integral_constant<int64_t, kQ4_0>{});
     case kQ5_0: return f(std::integral_constant<int64_t, kQ5_0>{});
     case kQ5_1: return f(std::integral_constant<int64_t, kQ5_1>{});
-    default: return f(std::integral_constant<int64_t, kQ5_K>{});
+    case kQ5_K: return f(std::integral_constant<int64_t, kQ5_K>{});
+    case kQ2_K: return f(std::integral_constant<int64_t, kQ2_K>{});
+    default: return f(std::integral_constant<int64_t, kQ3_K>{});
   }
 }
 
@@ -101,6 +107,24 @@ inline std::pair<float, float> sub_block_factors(const uint8_t* block, int64_t s
     const float d = half_at(block + 208);
     return {d * static_cast<float>(scales[2 * sub]), d * static_cast<float>(scales[2 * sub + 1])};
   }
+}
+
+// Q3_K's signed 6-bit scale of the 16 values i (0-15) from its 12 packed bytes: the low 4 bits
+// from bytes 0-7, the high 2 from bytes 8-11.
+inline int q3_k_scale(const uint8_t* packed, int64_t i) {
+  const int low = i < 8 ? packed[i] & 0xF : packed[i - 8] >> 4;
+  const int high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (low | (high << 4)) - 32;
+}
+
+// Q2_K's and Q3_K's factors of the 16 values `half` (0-15), as gguf-py forms them in float32
+// (exact): Q2_K's {d * scale, dmin * min}, Q3_K's {d * scale, 0}.
+template <int64_t Format>
+inline std::pair<float, float> sixteen_value_factors(const uint8_t* block, int64_t half) {
+  if constexpr (Format == kQ2_K)
+    return {half_at(block + 80) * static_cast<float>(block[half] & 0xF), half_at(block + 82) * static_cast<float>(block[half] >> 4)};
+  else
+    return {half_at(block + 108) * static_cast<float>(q3_k_scale(block + 96, half)), 0.0f};
 }
 
 // Q6_K's sub-block `sub` (values 32 sub to 32 sub + 31) takes its low 4 bits from 32 bytes of ql
@@ -192,6 +216,22 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
       }
       values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(nibbles), negative_dm));
     }
+  } else if constexpr (Format == kQ2_K || Format == kQ3_K) {
+    // Sub-block c's low 2 bits are bits 2 (c % 4) of 32 bytes of q; Q3_K's third bit is bit c of its
+    // byte of hmask, and a clear bit subtracts 4. Each 16 values have their own factors.
+    const uint8_t* q = block + (Format == kQ2_K ? 16 : 32) + 32 * (sub / 4);
+    const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(2 * (sub % 4))), high_shift = _mm_cvtsi32_si128(static_cast<int>(sub));
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const auto [scale, min] = sixteen_value_factors<Format>(block, 2 * sub + j / 2);
+      __m256i low = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(q + j * kLanes), shift), _mm256_set1_epi32(3));
+      if constexpr (Format == kQ2_K) {
+        values[j] = reinterpret_cast<vfloat>(_mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(low), _mm256_set1_ps(-min)));
+      } else {
+        const __m256i third = _mm256_and_si256(_mm256_srl_epi32(widen_bytes(block + j * kLanes), high_shift), _mm256_set1_epi32(1));
+        low = _mm256_sub_epi32(low, _mm256_slli_epi32(_mm256_xor_si256(third, _mm256_set1_epi32(1)), 2));
+        values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(scale)));
+      }
+    }
   } else if constexpr (Format == kF16) {
     for (int64_t j = 0; j < kSubBlockVectors; ++j)
       values[j] = reinterpret_cast<vfloat>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + j * 16))));
@@ -261,6 +301,16 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
       if constexpr (Format == kQ5_K) q[i] |= ((block[16 + i] >> sub) & 1) << 4;
     }
     for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = broadcast(scale) * to_floats(q + j * kLanes) - min;
+  } else if constexpr (Format == kQ2_K || Format == kQ3_K) {
+    const uint8_t* bytes = block + (Format == kQ2_K ? 16 : 32) + 32 * (sub / 4);
+    for (int64_t i = 0; i < kSubBlockValues; ++i) {
+      q[i] = (bytes[i] >> (2 * (sub % 4))) & 3;
+      if constexpr (Format == kQ3_K) q[i] -= ((block[i] >> sub) & 1) ? 0 : 4;
+    }
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const auto [scale, min] = sixteen_value_factors<Format>(block, 2 * sub + j / 2);
+      values[j] = Format == kQ2_K ? broadcast(scale) * to_floats(q + j * kLanes) - min : to_floats(q + j * kLanes) * scale;
+    }
   } else if constexpr (Format == kF16 || Format == kBF16) {
     using Half = std::conditional_t<Format == kF16, c10::Half, c10::BFloat16>;
     for (int64_t i = 0; i < kSubBlockValues; ++i) {
