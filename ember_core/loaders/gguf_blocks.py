@@ -43,7 +43,7 @@ def _blocks_in_hf_order(model: Llama, shards: list[tuple[str, ReaderTensor]]) ->
     return torch.cat(rows).contiguous()
 
 
-def _block_linear(model: Llama, shards: list[tuple[str, ReaderTensor]], linear: nn.Linear) -> nn.Module | None:
+def _block_linear(model: Llama, name: str, shards: list[tuple[str, ReaderTensor]], linear: nn.Linear) -> nn.Module | None:
     """A GGUFBlockLinear over the shards' blocks, a StackedBlockLinear when they mix formats, or None
     when one format is not the kernel's or all are 16-bit (those keep_16_bit_weights keeps)."""
     kinds = [tensor.tensor_type for _, tensor in shards]
@@ -57,10 +57,12 @@ def _block_linear(model: Llama, shards: list[tuple[str, ReaderTensor]], linear: 
         GGUFBlockLinear(_blocks_in_hf_order(model, list(run)), kind, linear.in_features, None)
         for kind, run in itertools.groupby(shards, key=lambda shard: shard[1].tensor_type)
     ]
-    if sum(part.out_features for part in parts) != linear.out_features:
-        raise ValueError(f"GGUF blocks have {sum(part.out_features for part in parts)} rows, expected {linear.out_features}")
+    rows = sum(part.out_features for part in parts)
+    if rows != linear.out_features:
+        raise ValueError(f"{name}: GGUF blocks have {rows} rows, expected {linear.out_features}")
     if len(parts) == 1:
-        return GGUFBlockLinear(parts[0].blocks, parts[0].kind, linear.in_features, linear.bias)
+        parts[0].bias = linear.bias
+        return parts[0]
     return StackedBlockLinear(parts, linear.bias)
 
 
@@ -79,10 +81,7 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     linears = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
     replaced = 0
     for name, linear in linears:
-        try:
-            block_linear = _block_linear(model, [(shard, by_module[shard]) for shard in _shard_names(model, name)], linear)
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
+        block_linear = _block_linear(model, name, [(shard, by_module[shard]) for shard in _shard_names(model, name)], linear)
         if block_linear is None:
             continue
         parent_name, _, attribute = name.rpartition(".")
