@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from ember_bench.cli import add_bench_parser, run_bench
-from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
+from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 
 
 def _env(name: str, default):
@@ -37,6 +37,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=_env("kv_cache_dtype", defaults.kv_cache_dtype),
                         help="K/V storage; auto = the model's dtype. float16 or bfloat16 halve a float32 model's "
                              "cache (rounded K/V)")
+    parser.add_argument("--decode-attention", choices=DECODE_ATTENTION, default=_env("decode_attention", defaults.decode_attention),
+                        help="auto = ember's C++ kernel on CPU, FlexAttention elsewhere if it passes its start-up "
+                             "check, else SDPA over gathered blocks")
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:

@@ -10,7 +10,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 Admission = Literal["preempt", "reserve"]
 Batching = Literal["continuous", "static"]
 GGUFWeights = Literal["blocks", "dequantized"]
+DecodeAttention = Literal["auto", "kernel", "flex", "sdpa"]
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+DECODE_ATTENTION: tuple[DecodeAttention, ...] = ("auto", "kernel", "flex", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class EngineConfig:
     # "auto": the model's dtype. A float32 model may keep float16 or bfloat16 K/V: half the cache
     # memory and half the bytes decode attention streams, at the cost of rounding K and V.
     kv_cache_dtype: str = "auto"
+    # "auto": ember's C++ kernel on CPU, FlexAttention elsewhere when it compiles and matches SDPA
+    # at start, else SDPA over gathered blocks.
+    decode_attention: DecodeAttention = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -53,6 +58,8 @@ class EngineConfig:
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantized', got {self.gguf_weights!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
 
     @classmethod
     def field_names(cls) -> list[str]:

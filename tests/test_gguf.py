@@ -214,7 +214,7 @@ def test_half_size_kv_cache_doubles_the_pool_and_keeps_greedy_tokens(llm: LLM, s
     for kv_dtype in (torch.float16, torch.bfloat16):
         half = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, kv_cache_dtype=str(kv_dtype)[6:])
         assert half.engine.block_manager.num_blocks // 2 == llm.engine.block_manager.num_blocks  # floor of 2x
-        assert half.engine.runner.use_decode_kernel
+        assert half.engine.runner.decode_attention == "kernel"
         assert half.engine.runner.model.layers[0].self_attn.attn.key_cache.dtype == kv_dtype
         assert [o.token_ids for o in half.generate(prompts, params)] == expected, kv_dtype
 
@@ -242,7 +242,7 @@ def test_float16_model_decodes_on_cpu(smollm2_path: Path) -> None:
     """--dtype float16 on CPU: the decode kernel takes a float16 query over a float16 cache (it used
     to reject float16, so the first decode step failed)."""
     half = LLM(str(smollm2_path), device="cpu", dtype="float16", kv_cache_mib=16)
-    assert half.engine.runner.use_decode_kernel
+    assert half.engine.runner.decode_attention == "kernel"
     outputs = half.generate(TEXT_PROMPTS[:2], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert [len(o.token_ids) for o in outputs] == [6, 6]
 

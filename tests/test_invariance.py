@@ -77,7 +77,7 @@ def test_half_size_kv_cache_keeps_batch_and_chunk_invariance(gpt2_dir, kv_cache_
 
 def test_a_cache_dtype_the_kernel_lacks_falls_back_to_sdpa_and_says_so(gpt2_dir, caplog) -> None:
     llm = LLM(str(gpt2_dir), device="cpu", dtype="bfloat16", kv_cache_dtype="float16", block_size=16, num_blocks=64)
-    assert not llm.engine.runner.use_decode_kernel
+    assert llm.engine.runner.decode_attention == "sdpa"
     assert "does not take a torch.bfloat16 model over a torch.float16 KV cache" in caplog.text
     outputs = llm.generate(PROMPTS[:2], GREEDY)
     assert [len(o.token_ids) for o in outputs] == [GREEDY.max_tokens] * 2
@@ -89,7 +89,7 @@ def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expe
 
     monkeypatch.setattr(cpu_ops, "is_available", lambda: False)
     llm = make_llm(gpt2_dir)
-    assert not llm.engine.runner.use_decode_kernel
+    assert llm.engine.runner.decode_attention == "sdpa"
     assert "C++ CPU ops are unavailable" in caplog.text  # the slow path is not silent
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert_pool_free(llm)

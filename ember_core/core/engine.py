@@ -72,7 +72,7 @@ class Engine:
             admission=config.admission,
             batching=config.batching,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()

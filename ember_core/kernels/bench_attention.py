@@ -17,8 +17,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.attention import gathered_decode_attention
+from ember_core.layers.flex_decode import decode_block_mask, flex_decode_attention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM**-0.5
@@ -60,22 +63,6 @@ def make_inputs(batch: int, dtype: torch.dtype, num_layers: int, min_context: in
     )
 
 
-def gather_sdpa(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    key_mask: torch.Tensor,
-) -> torch.Tensor:
-    """The decode path of `ember_core.layers.attention.paged_attention` today."""
-    keys = key_cache[block_tables].flatten(1, 2).transpose(1, 2)
-    values = value_cache[block_tables].flatten(1, 2).transpose(1, 2)
-    attn = F.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=key_mask, scale=SCALE, enable_gqa=True
-    )
-    return attn.squeeze(2)
-
-
 def per_sequence_sdpa(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -98,10 +85,10 @@ def per_sequence_sdpa(
 StepFn = Callable[[StepInputs, int], torch.Tensor]  # (inputs, layer) -> output
 
 
-def candidates(compiled_gather_sdpa: Callable | None, per_sequence: bool) -> dict[str, StepFn]:
+def candidates(compiled_gather_sdpa: Callable | None, flex_block_mask: BlockMask | None, per_sequence: bool) -> dict[str, StepFn]:
     found: dict[str, StepFn] = {
-        "gather+SDPA": lambda s, i: gather_sdpa(
-            s.query, s.key_caches[i], s.value_caches[i], s.block_tables, s.key_mask
+        "gather+SDPA": lambda s, i: gathered_decode_attention(
+            s.query, s.key_caches[i], s.value_caches[i], s.block_tables, s.key_mask, SCALE
         ),
     }
     if per_sequence:
@@ -110,7 +97,11 @@ def candidates(compiled_gather_sdpa: Callable | None, per_sequence: bool) -> dic
         )
     if compiled_gather_sdpa is not None:
         found["compiled gather+SDPA"] = lambda s, i: compiled_gather_sdpa(
-            s.query, s.key_caches[i], s.value_caches[i], s.block_tables, s.key_mask
+            s.query, s.key_caches[i], s.value_caches[i], s.block_tables, s.key_mask, SCALE
+        )
+    if flex_block_mask is not None:
+        found["FlexAttention"] = lambda s, i: flex_decode_attention(
+            s.query, s.key_caches[i], s.value_caches[i], flex_block_mask, SCALE
         )
     if cpu_ops.is_available():
         found["C++ kernel"] = lambda s, i: cpu_ops.paged_decode_attention(
@@ -134,7 +125,7 @@ def time_steps(fns: dict[str, StepFn], inputs: StepInputs, num_layers: int, repe
 
 def first_call_seconds(compiled: Callable, inputs: StepInputs) -> float:
     start = time.perf_counter()
-    compiled(inputs.query, inputs.key_caches[0], inputs.value_caches[0], inputs.block_tables, inputs.key_mask)
+    compiled(inputs.query, inputs.key_caches[0], inputs.value_caches[0], inputs.block_tables, inputs.key_mask, SCALE)
     return time.perf_counter() - start
 
 
@@ -147,7 +138,7 @@ def main() -> None:
     parser.add_argument("--min-context", type=int, default=100)
     parser.add_argument("--max-context", type=int, default=400)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile candidate")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile and FlexAttention candidates")
     parser.add_argument("--per-sequence", action="store_true", help="add one SDPA call per sequence (slow)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -168,12 +159,16 @@ def main() -> None:
     compile_seconds: list[str] = []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        compiled = None if args.no_compile else torch.compile(gather_sdpa, dynamic=True)
+        compiled = None if args.no_compile else torch.compile(gathered_decode_attention, dynamic=True)
         for batch in args.batches:
             inputs = make_inputs(batch, dtype, args.layers, args.min_context, args.max_context)
             if compiled is not None:
                 compile_seconds.append(f"{dtype_name} batch {batch}: {first_call_seconds(compiled, inputs):.1f} s")
-            fns = candidates(compiled, args.per_sequence)
+            flex_mask = None
+            if not args.no_compile:
+                num_blocks = inputs.key_caches[0].shape[0]
+                flex_mask = decode_block_mask(inputs.block_tables_int32, inputs.context_lens, num_blocks, BLOCK_SIZE)
+            fns = candidates(compiled, flex_mask, args.per_sequence)
             expected = fns["gather+SDPA"](inputs, 0).float()
             differences = {name: (fn(inputs, 0).float() - expected).abs().max().item() for name, fn in fns.items()}
             samples = time_steps(fns, inputs, args.layers, args.repeats)

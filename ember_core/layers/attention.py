@@ -1,6 +1,7 @@
 """Paged attention: new K/V are scattered into their cache slots, then every sequence attends over
-the K/V it holds, gathered through its block table. One entry point, so a faster kernel can
-replace `paged_attention` without touching the models.
+the K/V it holds through its block table. Decodes take the path the runner chose at start (ember's
+C++ kernel, FlexAttention, or SDPA over gathered blocks); prompt chunks take SDPA over their
+gathered blocks. One entry point, so the models never see which.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.flex_decode import flex_decode_attention
 
 
 @dataclass
@@ -31,7 +34,9 @@ class AttentionMetadata:
     decode_token_index: torch.Tensor  # [num_decodes]
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks] int32, padded with block 0
     decode_context_lens: torch.Tensor  # [num_decodes] int32
-    # [num_decodes, 1, 1, max_blocks * block_size], True where attended; None: the C++ kernel runs
+    # How decodes attend: ember's C++ kernel (both None), FlexAttention over this block mask, or
+    # SDPA over gathered blocks with this key mask, [num_decodes, 1, 1, max_blocks * block_size].
+    decode_block_mask: BlockMask | None
     decode_key_mask: torch.Tensor | None
     prefills: list[PrefillSlice]
 
@@ -42,7 +47,29 @@ class AttentionMetadata:
     @property
     def decodes_only_on_kernel(self) -> bool:
         """Every token is a decode and the C++ kernel attends (CPU): a layer may run as one C++ call."""
-        return not self.prefills and self.decode_key_mask is None
+        return not self.prefills and self.decode_block_mask is None and self.decode_key_mask is None
+
+
+def decode_key_mask(context_lens: torch.Tensor, max_blocks: int, block_size: int) -> torch.Tensor:
+    """True where a decode row's padded, gathered keys hold its context."""
+    key_positions = torch.arange(max_blocks * block_size, device=context_lens.device)
+    return (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(context_lens), 1, 1, max_blocks * block_size)
+
+
+def gathered_decode_attention(
+    q: torch.Tensor,  # [num_decodes, num_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    key_mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be narrower)
+    keys = key_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    values = value_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    return F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=key_mask, scale=scale, enable_gqa=key_cache.shape[2] != q.shape[1]
+    ).squeeze(2)
 
 
 def _decode_attention(
@@ -52,18 +79,16 @@ def _decode_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    if meta.decode_key_mask is None:
-        # Reads each sequence's K/V in place through its block table (ember_core/kernels).
-        return torch.ops.ember.paged_decode_attention(
-            q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+    if meta.decode_block_mask is not None:
+        return flex_decode_attention(q, key_cache, value_cache, meta.decode_block_mask, scale)
+    if meta.decode_key_mask is not None:
+        return gathered_decode_attention(
+            q, key_cache, value_cache, meta.decode_block_tables, meta.decode_key_mask, scale
         )
-    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be narrower)
-    keys = key_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    values = value_cache[meta.decode_block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    return F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=meta.decode_key_mask, scale=scale,
-        enable_gqa=key_cache.shape[2] != q.shape[1],
-    ).squeeze(2)
+    # Reads each sequence's K/V in place through its block table (ember_core/kernels).
+    return torch.ops.ember.paged_decode_attention(
+        q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+    )
 
 
 def write_kv_cache_(

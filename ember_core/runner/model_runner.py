@@ -7,9 +7,11 @@ import logging
 import torch
 from torch import nn
 
-from ember_core.kernels import cpu_ops
-from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice
+from ember_core.config import DecodeAttention
+from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice, decode_key_mask
+from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.linear import use_small_batch_linears
+from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample
 
@@ -23,34 +25,30 @@ def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dty
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_blocks: int,
+        block_size: int,
+        kv_cache_dtype: torch.dtype | None = None,
+        decode_attention: DecodeAttention = "auto",
+    ) -> None:
         use_small_batch_linears(model)
         self.model = model
+        self.num_blocks = num_blocks
         self.block_size = block_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv_cache_dtype = kv_cache_dtype or param.dtype
-        # Decided once, so the kernel is built (or found in the cache) at engine start.
-        kernel_available = self.device.type == "cpu" and cpu_ops.is_available()
-        self.use_decode_kernel = kernel_available and cpu_ops.decode_attention_supports(self.dtype, self.kv_cache_dtype)
-        if self.device.type == "cpu" and not kernel_available:
-            logger.warning(
-                "ember's C++ CPU ops are unavailable (%s): attention, linears and norms fall back to torch ops, "
-                "several times slower",
-                cpu_ops.unavailable_reason(),
-            )
-        elif kernel_available and not self.use_decode_kernel:
-            logger.warning(
-                "the decode-attention kernel does not take a %s model over a %s KV cache: decodes use SDPA over "
-                "gathered blocks, several times slower",
-                self.dtype, self.kv_cache_dtype,
-            )
         # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
-        for layer in model.modules():
-            if isinstance(layer, PagedAttention):
-                shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-                layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
-                layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
+        attention_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        for layer in attention_layers:
+            shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+            layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
+            layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
+        # Decided once, so kernels are built or compiled (or found in their caches) at engine start.
+        self.decode_attention = choose_decode_attention(decode_attention, attention_layers[0], self.dtype)
+        logger.info("decode attention: %s", self.decode_attention)
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -82,16 +80,19 @@ class ModelRunner:
                 prefills.append(PrefillSlice(token_start, num_tokens, context_len, self._tensor(table[:held])))
         max_blocks = max((len(t) for t in decode_tables), default=0)
         padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
+        block_tables = torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(padded), max_blocks)
         context_lens = torch.tensor(decode_context_lens, dtype=torch.int32, device=self.device)
-        key_mask = None
-        if not self.use_decode_kernel:
-            key_positions = torch.arange(max_blocks * block_size, device=self.device)
-            key_mask = (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(padded), 1, 1, max_blocks * block_size)
+        block_mask = key_mask = None
+        if self.decode_attention == "flex" and decode_tables:
+            block_mask = decode_block_mask(block_tables, context_lens, self.num_blocks, block_size)
+        elif self.decode_attention == "sdpa":
+            key_mask = decode_key_mask(context_lens, max_blocks, block_size)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             decode_token_index=self._tensor(decode_index),
-            decode_block_tables=torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(padded), max_blocks),
+            decode_block_tables=block_tables,
             decode_context_lens=context_lens,
+            decode_block_mask=block_mask,
             decode_key_mask=key_mask,
             prefills=prefills,
         )
