@@ -32,6 +32,14 @@ def test_top_k_1_equals_greedy(gpt2_llm) -> None:
     assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
 
 
+def test_a_temperature_too_small_to_sample_with_decodes_greedily(gpt2_llm) -> None:
+    greedy = gpt2_llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    # 1 / 1e-38 overflows float32: sampling such logits gave garbage tokens
+    for temperature in (1e-38, 1e-6):
+        tiny = gpt2_llm.generate(PROMPTS, SamplingParams(temperature=temperature, max_tokens=12, ignore_eos=True))
+        assert [o.token_ids for o in tiny] == [o.token_ids for o in greedy], temperature
+
+
 def _draws(logits: list[float], params: SamplingParams, n: int) -> set[int]:
     row = torch.tensor([logits])
     return {sample(row.clone(), [SamplingRequest(params, i)])[0].token_id for i in range(n)}

@@ -52,7 +52,6 @@ class Engine:
         dtype = resolve_dtype(config.dtype, device)
         self.loaded = loaded or load_model(config.model, device, dtype, compact_weights=config.gguf_weights == "blocks")
         model = self.loaded.model
-        self.max_model_len = min(self.loaded.max_model_len, config.max_model_len or self.loaded.max_model_len)
         num_blocks = config.num_blocks
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
         bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, kv_dtype)
@@ -63,6 +62,7 @@ class Engine:
             num_blocks, config.block_size, num_blocks * config.block_size,
             num_blocks * bytes_per_block / 2**20, kv_dtype,
         )
+        self.max_model_len = _max_model_len(self.loaded.max_model_len, config.max_model_len, num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -182,3 +182,20 @@ class Engine:
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+def _max_model_len(model_limit: int, requested: int | None, cache_tokens: int) -> int:
+    """The context a request may use: one sequence alone must fit the KV cache, else it would be cut
+    off mid-generation (as vLLM, an explicit --max-model-len over the cache is refused at start)."""
+    if requested is not None and requested > cache_tokens:
+        raise ValueError(
+            f"max_model_len {requested} exceeds the KV cache's {cache_tokens} tokens: "
+            "enlarge --kv-cache-mib / --num-blocks or lower --max-model-len"
+        )
+    limit = min(model_limit, requested or model_limit)
+    if limit > cache_tokens:
+        logger.warning(
+            "max_model_len lowered from the model's %d to the KV cache's %d tokens; enlarge --kv-cache-mib for more",
+            limit, cache_tokens,
+        )
+    return min(limit, cache_tokens)

@@ -63,7 +63,8 @@ def _message_dict(message: ChatMessage) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = "\n".join(part.text for part in content)
-    return {"role": message.role, "content": content, "name": message.name}
+    # null content (an assistant turn that only called tools) renders as empty, not as a template error
+    return {"role": message.role, "content": content or "", "name": message.name}
 
 
 class ChatFormat:

@@ -1,13 +1,15 @@
 """Request bodies as msgspec Structs: types and ranges are checked while decoding.
 
-Fields OpenAI defines that ember does not implement (penalties, logit_bias, tools, ...) and
-unknown fields are ignored, as SDKs send some of them by default.
+Unknown fields are ignored. Fields OpenAI defines that ember does not implement (penalties,
+logit_bias, response_format, tool_choice, best_of, suffix) are accepted at their no-op values, which
+SDKs and frameworks send, and any other value is a 400: silently unpenalised or unconstrained
+output would look like a model bug to the client.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -44,6 +46,13 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
+    # not implemented: only their no-op values pass `reject_unimplemented`
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM extension
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
@@ -51,6 +60,8 @@ class CompletionRequest(GenerationRequest, kw_only=True):
     prompt: str | list[str | int | list[int]]
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool | None = None
+    best_of: int | None = None  # not implemented beyond best_of == n
+    suffix: str | None = None  # not implemented
 
 
 class ContentPart(msgspec.Struct):
@@ -78,7 +89,7 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
     if not raw.strip():
         raise ApiError(400, "the request body is empty; expected a JSON object")
     try:
-        return _DECODERS[body_type].decode(raw)
+        body = _DECODERS[body_type].decode(raw)
     except msgspec.ValidationError as exc:
         message, _, location = str(exc).partition(" - at `$")
         location = location.rstrip("`").lstrip(".")
@@ -89,3 +100,28 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
         raise ApiError(400, f"invalid request: {message}", param=param or None) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    reject_unimplemented(body)
+    return body
+
+
+def reject_unimplemented(body: GenerationRequest) -> None:
+    for name, no_op in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+        if getattr(body, name) != no_op:
+            raise ApiError(400, f"ember does not implement {name}: leave it out or send {no_op:g}", param=name)
+    if body.logit_bias:
+        raise ApiError(400, "ember does not implement logit_bias: leave it out or send {}", param="logit_bias")
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        raise ApiError(
+            400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",
+            param="response_format",
+        )
+    if body.tool_choice not in (None, "none", "auto"):
+        raise ApiError(
+            400, "ember does not call tools: tool_choice must be \"none\" or \"auto\" (the model answers in text)",
+            param="tool_choice",
+        )
+    if isinstance(body, CompletionRequest):
+        if body.best_of is not None and body.best_of != (body.n or 1):
+            raise ApiError(400, "ember does not implement best_of: leave it out or send n", param="best_of")
+        if body.suffix:
+            raise ApiError(400, "ember does not implement suffix (insertion): leave it out", param="suffix")

@@ -93,6 +93,16 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(max_tokens=1000), 400, "max_tokens"),
     (CHAT, chat(messages=[{"role": "user", "content": "x" * 100}]), 400, "messages"),  # no room left
     (CHAT, raw({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
+    # OpenAI fields ember does not implement, at values that would change the output
+    (COMPLETIONS, completion(presence_penalty=1.5), 400, "presence_penalty"),
+    (CHAT, chat(frequency_penalty=-0.5), 400, "frequency_penalty"),
+    (COMPLETIONS, completion(repetition_penalty=1.2), 400, "repetition_penalty"),
+    (CHAT, chat(logit_bias={"50": -100}), 400, "logit_bias"),
+    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
+    (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
+    (COMPLETIONS, completion(best_of=3), 400, "best_of"),
+    (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
 ]
 
 
@@ -122,11 +132,28 @@ async def test_context_length_error_states_the_numbers(gateway: Gateway):
     assert "64" in message and "65" in message and "60" in message
 
 
-async def test_unknown_and_unimplemented_fields_are_ignored(gateway: Gateway):
+async def test_unknown_fields_and_unimplemented_ones_at_their_no_op_values_are_accepted(gateway: Gateway):
+    no_ops = {"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}}
     status, body = await gateway.post(
         COMPLETIONS,
-        {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "frequency_penalty": 0, "x": {"y": [1]}},
+        {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "x": {"y": [1]}, "best_of": 2, "n": 2,
+         "suffix": "", **no_ops},
     )
+    assert status == 200, body
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    status, body = await gateway.post(
+        CHAT, json.loads(chat(max_tokens=2, tools=tools, tool_choice="auto", response_format={"type": "text"}, **no_ops))
+    )
+    assert status == 200, body
+
+
+async def test_a_tool_call_turn_with_null_content_renders(gateway: Gateway):
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    status, body = await gateway.post(CHAT, json.loads(chat(messages=messages, max_tokens=2)))
     assert status == 200, body
 
 
