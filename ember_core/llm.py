@@ -24,6 +24,8 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    # of prompt tokens 1, 2, ... (the first has none), with SamplingParams(prompt_logprobs=...)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class LLM:
@@ -66,6 +68,7 @@ class LLM:
                     prompt if isinstance(prompt, str) else None,
                     prompt_ids,
                     logprobs=[] if p.logprobs is not None else None,
+                    prompt_logprobs=[] if p.prompt_logprobs is not None else None,
                 )
                 self.engine.add_request(request_id, prompt_ids, p)
             self._run(outputs, use_tqdm if use_tqdm is not None else len(outputs) >= PROGRESS_BAR_MIN_PROMPTS)
@@ -84,6 +87,8 @@ class LLM:
                     out.token_ids.extend(delta.new_token_ids)
                     if out.logprobs is not None:
                         out.logprobs.extend(delta.new_logprobs)
+                    if out.prompt_logprobs is not None:
+                        out.prompt_logprobs.extend(delta.prompt_logprobs)
                     if delta.finish_reason is not None:
                         out.finish_reason = delta.finish_reason.label
                         if self.tokenizer is not None:

@@ -38,6 +38,7 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 # gateway -> engine
@@ -101,6 +102,7 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     num_prompt_tokens: int
     logprobs: list[TokenLogprobs] = []
     finish_reason: WireFinishReason | None = None
+    prompt_logprobs: list[TokenLogprobs] = []  # of prompt tokens 1, 2, ..., with the first new token
 
 
 class StepOutputs(_Message):

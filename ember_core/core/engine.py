@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
@@ -14,7 +14,7 @@ from ember_core.core.scheduler import Scheduler, SchedulerOutput
 from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
 from ember_core.device import resolve_device, resolve_dtype
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.runner.inputs import SampledToken, SamplingRequest, SequenceChunk
+from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
 
@@ -34,6 +34,7 @@ class RequestDelta:
     new_logprobs: list[TokenLogprob]
     finish_reason: FinishReason | None
     num_prompt_tokens: int
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # with the first token, when asked
 
 
 @dataclass(frozen=True)
@@ -133,11 +134,12 @@ class Engine:
             deltas.append(self._finished_delta(seq, []))
         if decision.is_empty:
             return deltas
-        sampled = self.runner.execute(self._chunks(decision))
-        for seq, num_tokens, token in zip(decision.seqs, decision.num_scheduled_tokens, sampled):
+        results = self.runner.execute(self._chunks(decision))
+        for seq, num_tokens, result in zip(decision.seqs, decision.num_scheduled_tokens, results):
             seq.num_computed_tokens += num_tokens
-            if token is not None:
-                deltas.append(self._append_token(seq, token))
+            seq.prompt_logprobs.extend(TokenLogprob(t.logprob, t.top_logprobs) for t in result.prompt_logprobs)
+            if result.sampled is not None:
+                deltas.append(self._append_token(seq, result.sampled))
         return deltas
 
     def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
@@ -153,7 +155,11 @@ class Engine:
                 sampling = SamplingRequest(params, seq.num_output_tokens, banned)
             chunks.append(
                 SequenceChunk(
-                    seq.token_ids[start : start + num_tokens], start, self.block_manager.block_table(seq.seq_id), sampling
+                    seq.token_ids[start : start + num_tokens],
+                    start,
+                    self.block_manager.block_table(seq.seq_id),
+                    sampling,
+                    _prompt_scoring(seq, start, num_tokens),
                 )
             )
         return chunks
@@ -164,15 +170,20 @@ class Engine:
         if token.logprob is not None:
             logprobs.append(TokenLogprob(token.logprob, token.top_logprobs))
             seq.logprobs.append(logprobs[0])
+        prompt_logprobs = seq.prompt_logprobs if seq.num_output_tokens == 1 else []
         reason = self._stop_reason(seq, token.token_id)
         if reason is None:
-            return RequestDelta(seq.request_id, [token.token_id], logprobs, None, seq.num_prompt_tokens)
+            return RequestDelta(seq.request_id, [token.token_id], logprobs, None, seq.num_prompt_tokens, prompt_logprobs)
         self.scheduler.finish(seq, reason)
-        return self._finished_delta(seq, [token.token_id], logprobs)
+        return self._finished_delta(seq, [token.token_id], logprobs, prompt_logprobs)
 
-    def _finished_delta(self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None) -> RequestDelta:
+    def _finished_delta(
+        self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None
+    ) -> RequestDelta:
         self._sequences.pop(seq.request_id, None)
-        return RequestDelta(seq.request_id, new_token_ids, logprobs or [], seq.finish_reason, seq.num_prompt_tokens)
+        return RequestDelta(
+            seq.request_id, new_token_ids, logprobs or [], seq.finish_reason, seq.num_prompt_tokens, prompt_logprobs or []
+        )
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
@@ -199,3 +210,13 @@ def _max_model_len(model_limit: int, requested: int | None, cache_tokens: int) -
             limit, cache_tokens,
         )
     return min(limit, cache_tokens)
+
+
+def _prompt_scoring(seq: Sequence, start: int, num_tokens: int) -> PromptScoring | None:
+    """The chunk's rows at positions p < num_prompt_tokens - 1 not scored yet score prompt token p + 1."""
+    if seq.params.prompt_logprobs is None:
+        return None
+    first, end = max(start, len(seq.prompt_logprobs)), min(start + num_tokens, seq.num_prompt_tokens - 1)
+    if first >= end:
+        return None
+    return PromptScoring(first - start, seq.prompt_token_ids[first + 1 : end + 1], seq.params.prompt_logprobs)

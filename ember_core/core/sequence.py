@@ -44,6 +44,9 @@ class Sequence:
     finish_reason: FinishReason | None = None
     reserved_blocks: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # of prompt tokens 1, 2, ... as they are scored (params.prompt_logprobs); a recompute after
+    # preemption does not score them again
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

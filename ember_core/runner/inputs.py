@@ -15,11 +15,21 @@ class SamplingRequest:
 
 
 @dataclass(frozen=True)
+class PromptScoring:
+    """Rows of a chunk whose next token is a prompt token to score (prompt_logprobs)."""
+
+    first_row: int  # the chunk's row scoring next_token_ids[0]
+    next_token_ids: list[int]
+    num_top: int
+
+
+@dataclass(frozen=True)
 class SequenceChunk:
     token_ids: list[int]  # the tokens computed this step
     start_position: int  # position of token_ids[0] in its sequence
     block_table: list[int]
     sampling: SamplingRequest | None  # None for a prompt chunk that does not reach the end
+    scoring: PromptScoring | None = None
 
 
 @dataclass(frozen=True)
@@ -27,3 +37,9 @@ class SampledToken:
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    sampled: SampledToken | None  # None for a prompt chunk that does not reach the end
+    prompt_logprobs: list[SampledToken]  # one per scored row, in order

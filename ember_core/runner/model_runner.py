@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -12,8 +13,8 @@ from ember_core.layers.attention import AttentionMetadata, PagedAttention, Prefi
 from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.linear import use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
-from ember_core.runner.inputs import SampledToken, SequenceChunk
-from ember_core.runner.sampler import sample
+from ember_core.runner.inputs import ChunkResult, SampledToken, SequenceChunk
+from ember_core.runner.sampler import sample, scored_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -105,17 +106,31 @@ class ModelRunner:
         return self.model(input_ids, positions, meta)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[SequenceChunk]) -> list[SampledToken | None]:
-        """Run one step; one sampled token for every chunk that ends its sequence's known tokens."""
+    def execute(self, chunks: list[SequenceChunk]) -> list[ChunkResult]:
+        """Run one step: a sampled token for every chunk that ends its sequence's known tokens, and
+        the logprobs of the prompt tokens the chunks score."""
         hidden = self.forward_hidden(chunks)
-        last_token_rows: list[int] = []
-        row = 0
-        for chunk in chunks:
-            row += len(chunk.token_ids)
-            if chunk.sampling is not None:
-                last_token_rows.append(row - 1)
-        if not last_token_rows:
-            return [None] * len(chunks)
-        logits = self.model.compute_logits(hidden[last_token_rows])
-        sampled = iter(sample(logits, [c.sampling for c in chunks if c.sampling is not None]))
-        return [next(sampled) if c.sampling is not None else None for c in chunks]
+        token_starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
+        sampling_chunks = [i for i, c in enumerate(chunks) if c.sampling is not None]
+        sampled: dict[int, SampledToken] = {}
+        if sampling_chunks:
+            logits = self.model.compute_logits(hidden[[token_starts[i + 1] - 1 for i in sampling_chunks]])
+            sampled = dict(zip(sampling_chunks, sample(logits, [chunks[i].sampling for i in sampling_chunks])))
+        scored = iter(self._score_prompts(hidden, chunks, token_starts))
+        return [
+            ChunkResult(sampled.get(i), [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [])
+            for i, c in enumerate(chunks)
+        ]
+
+    def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[SampledToken]:
+        rows, next_ids, num_top = [], [], []
+        for chunk, token_start in zip(chunks, token_starts):
+            if chunk.scoring is not None:
+                first = token_start + chunk.scoring.first_row
+                rows.extend(range(first, first + len(chunk.scoring.next_token_ids)))
+                next_ids.extend(chunk.scoring.next_token_ids)
+                num_top.extend([chunk.scoring.num_top] * len(chunk.scoring.next_token_ids))
+        if not rows:
+            return []
+        logits = self.model.compute_logits(hidden[rows])
+        return scored_tokens(logits, torch.tensor(next_ids, device=logits.device), num_top)

@@ -98,19 +98,23 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[Sample
     return _with_logprobs(logits, token_ids, requests)
 
 
-def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
-    ids = token_ids.tolist()
-    rows = [row for row, req in enumerate(requests) if req.params.logprobs is not None]
-    if not rows:
-        return [SampledToken(token_id) for token_id in ids]
-    logprobs = logits[rows].log_softmax(dim=-1)
-    chosen = logprobs.gather(1, token_ids[rows].unsqueeze(1)).squeeze(1).tolist()
-    num_top = max(requests[row].params.logprobs or 0 for row in rows)
-    top_values, top_ids = logprobs.topk(min(num_top, logits.shape[1]), dim=-1)
+def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[SampledToken]:
+    """Each row's token with its logprob and the row's num_top most likely (token, logprob)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+    top_values, top_ids = logprobs.topk(min(max(num_top, default=0), logits.shape[1]), dim=-1)
     top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    result = [SampledToken(token_id) for token_id in ids]
-    for i, row in enumerate(rows):
-        n = requests[row].params.logprobs or 0
-        top = tuple(zip(top_ids[i][:n], top_values[i][:n]))
-        result[row] = SampledToken(ids[row], chosen[i], top)
+    return [
+        SampledToken(token_id, chosen[i], tuple(zip(top_ids[i][:n], top_values[i][:n])))
+        for i, (token_id, n) in enumerate(zip(token_ids.tolist(), num_top))
+    ]
+
+
+def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
+    result = [SampledToken(token_id) for token_id in token_ids.tolist()]
+    rows = [row for row, req in enumerate(requests) if req.params.logprobs is not None]
+    if rows:
+        scored = scored_tokens(logits[rows], token_ids[rows], [requests[row].params.logprobs or 0 for row in rows])
+        for row, token in zip(rows, scored):
+            result[row] = token
     return result

@@ -1,4 +1,5 @@
-"""`ember serve` / `ember-serve`: one engine and one gateway as child processes, signals forwarded."""
+"""`ember serve` / `ember-serve`: one engine and one gateway as child processes, signals forwarded,
+a child that dies after serving restarted (the gateway picks up the new engine by itself)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
 
 POLL_SECONDS = 0.2
+HEALTH_CHECK_SECONDS = 1.0
 STOP_GRACE_SECONDS = 15.0
+MAX_RESTARTS_PER_WINDOW = 5
+RESTART_WINDOW_SECONDS = 600.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,14 +59,53 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+class Child:
+    """A child process the launcher restarts when it dies after having served (a crash or a kill),
+    but not when it dies before the server ever became healthy (a bad flag, a model that does not
+    load): that ends `ember serve` instead of looping."""
+
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.process = subprocess.Popen(argv)
+        self.served = False
+        self.restarts: list[float] = []
+
+    def restart(self) -> bool:
+        """Start it again after an unexpected exit; False when it should not be (see the class)."""
+        code = self.process.returncode
+        cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_SECONDS]
+        if not self.served or len(self.restarts) >= MAX_RESTARTS_PER_WINDOW:
+            why = "before the server became healthy" if not self.served else "too often"
+            print(f"ember: the {self.name} exited with {cause} {why}; stopping", file=sys.stderr, flush=True)
+            return False
+        print(f"ember: the {self.name} exited with {cause}; restarting it", file=sys.stderr, flush=True)
+        self.restarts.append(now)
+        self.served = False
+        self.process = subprocess.Popen(self.argv)
+        return True
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    local_host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    health_url = f"http://{local_host}:{args.port}/health"
     with tempfile.TemporaryDirectory(prefix="ember-") as run_dir:
         address = f"ipc://{run_dir}/engine.sock"
-        engine = subprocess.Popen(_engine_argv(args, address))
-        gateway = subprocess.Popen(_gateway_argv(args, address))
+        engine = Child("engine", _engine_argv(args, address))
+        gateway = Child("gateway", _gateway_argv(args, address))
         children = [gateway, engine]  # the gateway stops first so clients see a clean close
-        stop_requested = False
+        stop_requested = failed = False
 
         def on_signal(*_) -> None:
             nonlocal stop_requested
@@ -70,11 +114,19 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         print(f"ember: serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-        while not stop_requested and all(p.poll() is None for p in children):
+        next_health_check = 0.0
+        while not stop_requested and not failed:
             time.sleep(POLL_SECONDS)
-        _stop(children)
-    failed = [p for p in children if p.returncode not in (0, -signal.SIGTERM)]
-    sys.exit(0 if stop_requested or not failed else 1)
+            exited = [child for child in children if child.process.poll() is not None]
+            failed = not all(child.restart() for child in exited)
+            if time.monotonic() >= next_health_check and not all(child.served for child in children):
+                next_health_check = time.monotonic() + HEALTH_CHECK_SECONDS
+                if _healthy(health_url):  # the gateway answers and its engine is ready
+                    print("ember: ready", file=sys.stderr, flush=True)
+                    for child in children:
+                        child.served = True
+        _stop([child.process for child in children])
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import msgspec
 import zmq
 
 from ember_core.core.engine import Engine, RequestDelta
+from ember_core.core.sequence import TokenLogprob
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
     PROTOCOL_VERSION,
@@ -219,9 +220,16 @@ class EngineWorker:
 
 
 def _to_wire(delta: RequestDelta) -> WireDelta:
-    logprobs = [
-        TokenLogprobs(lp.logprob, [t for t, _ in lp.top_logprobs], [v for _, v in lp.top_logprobs])
-        for lp in delta.new_logprobs
-    ]
     reason = WireFinishReason(int(delta.finish_reason)) if delta.finish_reason is not None else None
-    return WireDelta(delta.request_id, delta.new_token_ids, delta.num_prompt_tokens, logprobs, reason)
+    return WireDelta(
+        delta.request_id,
+        delta.new_token_ids,
+        delta.num_prompt_tokens,
+        _wire_logprobs(delta.new_logprobs),
+        reason,
+        _wire_logprobs(delta.prompt_logprobs),
+    )
+
+
+def _wire_logprobs(entries: list[TokenLogprob]) -> list[TokenLogprobs]:
+    return [TokenLogprobs(lp.logprob, [t for t, _ in lp.top_logprobs], [v for _, v in lp.top_logprobs]) for lp in entries]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoiceUpdate, TokenLogprob
-from ember_gateway.logprobs import TextOffsets, completion_logprobs
+from ember_gateway.logprobs import TextOffsets, completion_logprobs, echoed_prompt_logprobs
 from ember_gateway.plans import build_plans, stop_strings
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import CompletionRequest
@@ -34,14 +35,16 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         max_tokens=DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
         logprobs=body.logprobs,
         prompt_param="prompt",
+        # an echoed prompt comes with its tokens' logprobs, as OpenAI's legacy API (and scoring tools) expect
+        prompt_logprobs=body.logprobs if body.echo else None,
     )
     n = body.n or 1
-    echo_texts = [_echo_text(prompt, model) if body.echo else "" for prompt in prompts for _ in range(n)]
+    echoes = [Echo(_echo_text(prompt, model), ids) if body.echo else None for prompt, ids in zip(prompts, prompt_ids)]
     return await respond(
         request,
         state,
         model,
-        CompletionFormat(model.tokenizer, echo_texts, body.logprobs is not None, body.return_token_ids),
+        CompletionFormat(model.tokenizer, [echo for echo in echoes for _ in range(n)], body.logprobs is not None, body.return_token_ids),
         request_id=f"cmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
         plans=plans,
@@ -82,46 +85,76 @@ def _echo_text(prompt: Prompt, model: ServedModel) -> str:
     return "" if model.tokenizer is None else model.tokenizer.decode(prompt)
 
 
+@dataclass(frozen=True)
+class Echo:
+    text: str
+    prompt_ids: list[int]
+
+
 class CompletionFormat:
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
     def __init__(
-        self, tokenizer: Tokenizer | None, echo_texts: list[str], logprobs: bool, return_token_ids: bool
+        self, tokenizer: Tokenizer | None, echoes: list[Echo | None], logprobs: bool, return_token_ids: bool
     ) -> None:
+        """echoes: per choice, the prompt to echo before its text, or None."""
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._return_token_ids = return_token_ids
-        self._echo_texts = echo_texts
-        self._unsent_echo = list(echo_texts)  # a stream sends a choice's echo with its first chunk
-        self._offsets = [TextOffsets(tokenizer, len(echo)) for echo in echo_texts]
+        self._echoes = echoes
+        self._unsent_echoes = list(echoes)  # a stream sends a choice's echo with its first chunk
+        self._offsets = [TextOffsets(tokenizer, len(echo.text) if echo else 0) for echo in echoes]
 
     def stream_start(self, index: int) -> dict[str, Any] | None:
         return None
 
     def stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
         index = update.index
-        echo = self._unsent_echo[index]
-        if not (echo or update.finish_reason or update.has_content(self._logprobs, self._return_token_ids)):
+        echo = self._unsent_echoes[index]
+        if echo is None and not (update.finish_reason or update.has_content(self._logprobs, self._return_token_ids)):
             return []
-        self._unsent_echo[index] = ""
-        return [self._choice(index, echo + update.text, update.logprobs, update.token_ids, update.finish_reason)]
+        self._unsent_echoes[index] = None
+        return [
+            self._choice(
+                index, update.text, update.logprobs, update.token_ids, update.finish_reason, echo, update.prompt_logprobs
+            )
+        ]
 
     def final_choice(self, result: ChoiceResult) -> dict[str, Any]:
-        text = self._echo_texts[result.index] + result.text
-        return self._choice(result.index, text, result.logprobs, result.token_ids, result.finish_reason)
+        return self._choice(
+            result.index,
+            result.text,
+            result.logprobs,
+            result.token_ids,
+            result.finish_reason,
+            self._echoes[result.index],
+            result.prompt_logprobs,
+        )
 
     def _choice(
-        self, index: int, text: str, logprobs: list[TokenLogprob], token_ids: list[int], finish_reason: str | None
+        self,
+        index: int,
+        text: str,
+        logprobs: list[TokenLogprob],
+        token_ids: list[int],
+        finish_reason: str | None,
+        echo: Echo | None,
+        prompt_logprobs: list[TokenLogprob],
     ) -> dict[str, Any]:
+        """echo: the prompt to put before text (a stream's first chunk, a whole response)."""
         choice: dict[str, Any] = {
             "index": index,
-            "text": text,
+            "text": (echo.text if echo else "") + text,
             "logprobs": None,
             "finish_reason": finish_reason,
         }
         if self._logprobs:
-            choice["logprobs"] = completion_logprobs(self._tokenizer, logprobs, self._offsets[index])
+            entries = completion_logprobs(self._tokenizer, logprobs, self._offsets[index])
+            if echo is not None:
+                prompt = echoed_prompt_logprobs(self._tokenizer, echo.prompt_ids, prompt_logprobs)
+                entries = {key: prompt[key] + entries[key] for key in entries}
+            choice["logprobs"] = entries
         if self._return_token_ids:
             choice["token_ids"] = token_ids
         return choice

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from ember_gateway.choice_text import ChoiceText
 from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.metrics import GatewayMetrics
-from ember_proto import Generate, RequestDelta, SamplingOptions, WireFinishReason
+from ember_proto import Generate, RequestDelta, SamplingOptions, TokenLogprobs, WireFinishReason
 
 _FINISH_REASONS = {WireFinishReason.STOP: "stop", WireFinishReason.LENGTH: "length"}
 
@@ -43,6 +43,7 @@ class ChoiceUpdate:
     token_ids: list[int]
     logprobs: list[TokenLogprob]
     finish_reason: str | None  # "stop" or "length" on a choice's last update
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1, 2, ... (first update)
 
     def has_content(self, logprobs: bool, token_ids: bool) -> bool:
         """Whether a stream chunk of this update would carry anything: text, or logprobs or
@@ -165,11 +166,15 @@ class Generation:
             choice.finished = True
             self._num_unfinished -= 1
             self._record_finish(finish_reason)
-        logprobs = [
-            TokenLogprob(token_id, entry.logprob, list(zip(entry.top_token_ids, entry.top_logprobs)))
-            for token_id, entry in zip(token_ids, delta.logprobs)
-        ]
-        return ChoiceUpdate(index, match.text, token_ids, logprobs, finish_reason)
+        prompt_ids = self._plans[index].prompt_ids
+        return ChoiceUpdate(
+            index,
+            match.text,
+            token_ids,
+            _logprobs(token_ids, delta.logprobs),
+            finish_reason,
+            _logprobs(prompt_ids[1:], delta.prompt_logprobs),
+        )
 
     def _record_tokens(self, choice: _Choice, count: int, step_started_at: float) -> None:
         now = time.monotonic()
@@ -199,6 +204,13 @@ class Generation:
             type="timeout_error",
             code="request_timeout",
         )
+
+
+def _logprobs(token_ids: list[int], entries: list[TokenLogprobs]) -> list[TokenLogprob]:
+    return [
+        TokenLogprob(token_id, entry.logprob, list(zip(entry.top_token_ids, entry.top_logprobs)))
+        for token_id, entry in zip(token_ids, entries)
+    ]
 
 
 def _error_type(status: int) -> str:

@@ -78,6 +78,15 @@ def completion_logprobs(
     }
 
 
+def echoed_prompt_logprobs(tokenizer: Tokenizer | None, prompt_ids: list[int], entries: list[TokenLogprob]) -> dict[str, Any]:
+    """Completions logprobs of an echoed prompt: its first token has none, nothing precedes it."""
+    offsets = TextOffsets(tokenizer, 0)
+    first = {"tokens": [token_string(tokenizer, prompt_ids[0])], "token_logprobs": [None], "top_logprobs": [None],
+             "text_offset": [offsets.next(prompt_ids[0])]}
+    rest = completion_logprobs(tokenizer, entries, offsets)
+    return {key: first[key] + rest[key] for key in first}
+
+
 def chat_logprobs(tokenizer: Tokenizer | None, entries: list[TokenLogprob]) -> dict[str, Any]:
     return {
         "content": [

@@ -28,6 +28,7 @@ def build_plans(
     max_tokens: int | None,
     logprobs: int | None,
     prompt_param: str,
+    prompt_logprobs: int | None = None,
 ) -> list[ChoicePlan]:
     """Choices in OpenAI's order: prompt by prompt, n choices each. max_tokens None: as many as
     the context leaves. With a seed, choice i of a prompt gets seed + i, so choices differ and a
@@ -55,6 +56,7 @@ def build_plans(
                 ignore_eos=body.ignore_eos,
                 min_tokens=body.min_tokens,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
             plans.append(ChoicePlan(prompt, sampling))
     return plans

@@ -28,6 +28,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -37,6 +38,7 @@ class ChoiceResult:
         self.text_parts.append(update.text)
         self.token_ids.extend(update.token_ids)
         self.logprobs.extend(update.logprobs)
+        self.prompt_logprobs.extend(update.prompt_logprobs)
         self.finish_reason = update.finish_reason
 
 

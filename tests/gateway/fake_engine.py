@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import uuid
 from dataclasses import dataclass, field
 
@@ -182,7 +183,15 @@ class FakeEngine:
             if sampling.logprobs is not None:
                 top = [(token, -0.25), ((token + 1) % self.vocab_size, -1.5)][: sampling.logprobs]
                 logprobs = [TokenLogprobs(-0.25, [t for t, _ in top], [lp for _, lp in top])]
-            delta = RequestDelta(request_id, [token], len(running.generate.prompt_token_ids), logprobs, finish)
+            prompt_logprobs = []
+            if sampling.prompt_logprobs is not None and running.produced == 1:
+                # prompt token i scores -0.5, its first alternative is the token before it
+                prompt_logprobs = [
+                    TokenLogprobs(-0.5, [t, previous][: sampling.prompt_logprobs], [-0.5, -2.0][: sampling.prompt_logprobs])
+                    for previous, t in itertools.pairwise(running.generate.prompt_token_ids)
+                ]
+            prompt_length = len(running.generate.prompt_token_ids)
+            delta = RequestDelta(request_id, [token], prompt_length, logprobs, finish, prompt_logprobs)
             by_gateway.setdefault(running.gateway, []).append(delta)
             if finish is not None:
                 del self._running[request_id]

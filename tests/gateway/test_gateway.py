@@ -151,18 +151,27 @@ async def test_completion_logprobs_and_echo(gateway: Gateway, fake_engine: FakeE
     _, body = await gateway.post("/v1/completions", completion(prompt="hi ", max_tokens=3, logprobs=2, echo=True))
     choice = body["choices"][0]
     assert choice["text"] == "hi Hel"
+    # The echoed prompt's tokens come first, the first without a logprob (OpenAI's legacy shape).
     assert choice["logprobs"] == {
-        "tokens": ["H", "e", "l"],
-        "token_logprobs": [-0.25, -0.25, -0.25],
-        "top_logprobs": [{"H": -0.25, "I": -1.5}, {"e": -0.25, "f": -1.5}, {"l": -0.25, "m": -1.5}],
-        "text_offset": [3, 4, 5],
+        "tokens": ["h", "i", " ", "H", "e", "l"],
+        "token_logprobs": [None, -0.5, -0.5, -0.25, -0.25, -0.25],
+        "top_logprobs": [
+            None, {"i": -0.5, "h": -2.0}, {" ": -0.5, "i": -2.0},
+            {"H": -0.25, "I": -1.5}, {"e": -0.25, "f": -1.5}, {"l": -0.25, "m": -1.5},
+        ],
+        "text_offset": [0, 1, 2, 3, 4, 5],
     }
     assert fake_engine.received[-1].sampling.logprobs == 2
+    assert fake_engine.received[-1].sampling.prompt_logprobs == 2
+    _, plain = await gateway.post("/v1/completions", completion(prompt="hi ", max_tokens=3, logprobs=2))
+    assert plain["choices"][0]["logprobs"]["tokens"] == ["H", "e", "l"]
+    assert fake_engine.received[-1].sampling.prompt_logprobs is None
     body = completion(prompt="hi ", max_tokens=3, logprobs=2, echo=True, stream=True)
     events = await gateway.stream("/v1/completions", body)
     assert streamed_text(events) == {0: "hi Hel"}
     streamed_offsets = [offset for event in events[:-1] for offset in event["choices"][0]["logprobs"]["text_offset"]]
-    assert streamed_offsets == [3, 4, 5]
+    assert streamed_offsets == [0, 1, 2, 3, 4, 5]  # the prompt's with the first chunk
+    assert events[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -0.5, -0.5, -0.25]
 
 
 async def test_logprobs_of_partial_characters_are_bytes(gateway: Gateway):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
 from pathlib import Path
 
@@ -120,6 +122,50 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
         assert chat.choices[0].message.content == expected.text
         assert "Paris" in chat.choices[0].message.content
         assert chat.usage.prompt_tokens == len(prompt)
+        # Scoring a text the way evaluation harnesses do: echo + logprobs returns the prompt's logprobs too.
+        text = "The capital of France is Paris"
+        text_ids = offline.tokenizer.encode_prompt(text)
+        scored = offline.generate([text_ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))[0]
+        echoed = client.completions.create(
+            model="smollm2-135m-instruct", prompt=text, max_tokens=1, temperature=0, logprobs=1, echo=True
+        ).choices[0]
+        assert echoed.text.startswith(text)
+        assert echoed.logprobs.token_logprobs[0] is None and len(echoed.logprobs.tokens) == len(text_ids) + 1
+        assert echoed.logprobs.token_logprobs[1:-1] == pytest.approx([e.logprob for e in scored.prompt_logprobs], abs=1e-4)
         process.send_signal(signal.SIGTERM)
         assert stop_process(process, timeout=30) == 0
     assert http_status(f"{url}/health") == 0  # nothing listens any more
+
+
+def _child_pids(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_ember_serve_restarts_an_engine_killed_after_serving(model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
+            "--num-blocks", "64", "--block-size", "4"]
+    with spawned(argv, log) as process:
+        wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        before = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
+        engine_pid = next(pid for pid in _child_pids(process.pid) if b"ember_engine" in Path(f"/proc/{pid}/cmdline").read_bytes())
+        os.kill(engine_pid, signal.SIGKILL)
+        wait_until(lambda: "the engine exited with signal SIGKILL; restarting it" in log.read_text(), 30, "restart log")
+        wait_until(lambda: http_status(f"{url}/health") == 200, STARTUP_TIMEOUT_S, "the restarted engine")
+        after = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
+        assert after == before
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert stop_process(process, timeout=30) == 0
+
+
+def test_ember_serve_stops_when_the_engine_cannot_start(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    argv = ["-m", "ember_core.cli", "serve", "--model", str(tmp_path / "no-such-model"), "--port", str(free_port())]
+    with spawned(argv, log) as process:
+        wait_until(lambda: process.poll() is not None, STARTUP_TIMEOUT_S, "serve to give up")
+        assert process.returncode == 1
+    assert re.search(r"the engine exited with code \d+ before the server became healthy; stopping", log.read_text())
