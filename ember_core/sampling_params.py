@@ -22,6 +22,13 @@ class SamplingParams:
     logprobs: int | None = None
     # logprob of every prompt token after the first, with this many most likely alternatives
     prompt_logprobs: int | None = None
+    # OpenAI's: minus presence_penalty for every token generated so far, minus frequency_penalty times
+    # its count; vLLM's repetition_penalty divides positive (multiplies negative) logits of every
+    # token of the prompt and output; logit_bias adds to a token's logit. All before temperature.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -40,7 +47,19 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs must be an integer >= 0, got {self.prompt_logprobs!r}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if any(not isinstance(token, int) or not -100 <= bias <= 100 for token, bias in (self.logit_bias or {}).items()):
+            raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {self.logit_bias!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Whether sampling depends on the tokens so far (penalties)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

@@ -39,6 +39,10 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
 
 # gateway -> engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from ember_core import SamplingParams
@@ -119,3 +120,55 @@ def test_a_nucleus_wider_than_the_candidate_window_is_sampled_whole() -> None:
     draws = _draws(logits, SamplingParams(top_p=0.5, seed=3), 300)
     assert max(draws) >= 1024  # beyond the top-1024 window that a narrow nucleus is looked up in
     assert max(draws) < 1600
+
+
+def _penalized_by_hand(logits: list[float], params: SamplingParams, prompt: list[int], outputs: list[int]) -> list[float]:
+    """OpenAI's presence / frequency penalties and vLLM's repetition penalty, token by token."""
+    adjusted = []
+    for token, logit in enumerate(logits):
+        if token in prompt or token in outputs:
+            logit = logit / params.repetition_penalty if logit > 0 else logit * params.repetition_penalty
+        count = outputs.count(token)
+        logit -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+        adjusted.append(logit + (params.logit_bias or {}).get(token, 0.0))
+    return adjusted
+
+
+def test_penalties_and_logit_bias_follow_their_definitions() -> None:
+    from ember_core.runner.penalties import apply_penalties_and_bias_
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 12, generator=generator) * 3
+    cases = [
+        (SamplingParams(presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3), [1, 2, 3], [3, 5, 5, 5, 0]),
+        (SamplingParams(temperature=0, logit_bias={4: 100.0, 7: -2.5}), [4], [4]),  # bias alone: no history needed
+        (SamplingParams(frequency_penalty=-1.5, repetition_penalty=0.8), [9], [9, 11, 11]),
+    ]
+    requests = [
+        SamplingRequest(params, len(outputs), (), prompt, outputs) if params.needs_token_history else SamplingRequest(params, 0)
+        for params, prompt, outputs in cases
+    ]
+    adjusted = logits.clone()
+    apply_penalties_and_bias_(adjusted, requests)
+    for row, (params, prompt, outputs) in enumerate(cases):
+        assert adjusted[row].tolist() == pytest.approx(_penalized_by_hand(logits[row].tolist(), params, prompt, outputs), abs=1e-5)
+    assert sample(logits.clone(), requests)[1].token_id == 4  # +100 wins the greedy row
+
+
+def test_greedy_with_penalties_equals_a_reference_loop(gpt2_dir, gpt2_llm) -> None:
+    from transformers import GPT2LMHeadModel
+
+    reference = GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, presence_penalty=1.0, frequency_penalty=0.5,
+                            repetition_penalty=1.2, logit_bias={5: 2.0})
+    outputs = gpt2_llm.generate(PROMPTS[:2], params)
+    for prompt, output in zip(PROMPTS[:2], outputs):
+        generated: list[int] = []
+        with torch.inference_mode():
+            for _ in range(params.max_tokens):
+                logits = reference(torch.tensor([prompt + generated])).logits[0, -1].tolist()
+                adjusted = _penalized_by_hand(logits, params, prompt, generated)
+                generated.append(max(range(len(adjusted)), key=adjusted.__getitem__))
+        assert output.token_ids == generated
+    unpenalized = gpt2_llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    assert [o.token_ids for o in outputs] != [o.token_ids for o in unpenalized]  # the penalties did something here

@@ -94,6 +94,9 @@ class Engine:
         bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
         if bad is not None:
             raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+        bad = next((t for t in params.logit_bias or {} if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestRejected(f"logit_bias token id {bad!r} is outside the vocabulary [0, {vocab_size})")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
@@ -152,7 +155,12 @@ class Engine:
                 banned: tuple[int, ...] = ()
                 if seq.num_output_tokens < params.min_tokens:
                     banned = tuple(self.stop_token_ids | set(params.stop_token_ids))
-                sampling = SamplingRequest(params, seq.num_output_tokens, banned)
+                if params.needs_token_history:
+                    sampling = SamplingRequest(
+                        params, seq.num_output_tokens, banned, seq.prompt_token_ids, seq.output_token_ids
+                    )
+                else:
+                    sampling = SamplingRequest(params, seq.num_output_tokens, banned)
             chunks.append(
                 SequenceChunk(
                     seq.token_ids[start : start + num_tokens],

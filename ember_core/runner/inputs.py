@@ -12,6 +12,9 @@ class SamplingRequest:
     params: SamplingParams
     output_index: int  # tokens generated so far: seeds the per-request noise, gates min_tokens
     banned_token_ids: tuple[int, ...] = ()  # EOS / stop ids while min_tokens is not reached
+    # only when params.needs_token_history (penalties)
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ember_core.runner.inputs import SampledToken, SamplingRequest
+from ember_core.runner.penalties import apply_penalties_and_bias_
 from ember_core.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -87,6 +88,7 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
 
 def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
     logits = logits.float()
+    apply_penalties_and_bias_(logits, requests)
     banned = [(row, token) for row, req in enumerate(requests) for token in req.banned_token_ids]
     if banned:
         rows, tokens = zip(*banned)

@@ -36,6 +36,7 @@ def build_plans(
     vocab_size = model.card.vocab_size
     stop_token_ids = body.stop_token_ids or []
     _check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
+    logit_bias = _logit_bias(body.logit_bias, vocab_size)
     plans: list[ChoicePlan] = []
     for prompt in prompts:
         if not prompt:
@@ -57,9 +58,24 @@ def build_plans(
                 min_tokens=body.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
+                logit_bias=logit_bias,
             )
             plans.append(ChoicePlan(prompt, sampling))
     return plans
+
+
+def _logit_bias(biases: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    if not biases:
+        return None
+    try:
+        by_id = {int(token): bias for token, bias in biases.items()}
+    except ValueError:
+        raise ApiError(400, "logit_bias keys must be token ids", param="logit_bias") from None
+    _check_token_ids(list(by_id), vocab_size, "logit_bias")
+    return by_id
 
 
 def _check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:

@@ -1,9 +1,9 @@
 """Request bodies as msgspec Structs: types and ranges are checked while decoding.
 
-Unknown fields are ignored. Fields OpenAI defines that ember does not implement (penalties,
-logit_bias, response_format, tool_choice, best_of, suffix) are accepted at their no-op values, which
-SDKs and frameworks send, and any other value is a 400: silently unpenalised or unconstrained
-output would look like a model bug to the client.
+Unknown fields are ignored. Fields OpenAI defines that ember does not implement (response_format,
+tool_choice, best_of, suffix) are accepted at their no-op values, which SDKs and frameworks send,
+and any other value is a 400: silently unconstrained output would look like a model bug to the
+client.
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] = 1.0  # vLLM extension
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id (as a string) -> bias
     # not implemented: only their no-op values pass `reject_unimplemented`
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # vLLM extension
-    logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -105,11 +105,6 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
 
 
 def reject_unimplemented(body: GenerationRequest) -> None:
-    for name, no_op in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        if getattr(body, name) != no_op:
-            raise ApiError(400, f"ember does not implement {name}: leave it out or send {no_op:g}", param=name)
-    if body.logit_bias:
-        raise ApiError(400, "ember does not implement logit_bias: leave it out or send {}", param="logit_bias")
     if body.response_format is not None and body.response_format.get("type") != "text":
         raise ApiError(
             400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",

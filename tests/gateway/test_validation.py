@@ -93,11 +93,13 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(max_tokens=1000), 400, "max_tokens"),
     (CHAT, chat(messages=[{"role": "user", "content": "x" * 100}]), 400, "messages"),  # no room left
     (CHAT, raw({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
+    (COMPLETIONS, completion(presence_penalty=2.5), 400, "presence_penalty"),
+    (CHAT, chat(frequency_penalty=-3), 400, "frequency_penalty"),
+    (COMPLETIONS, completion(repetition_penalty=0), 400, "repetition_penalty"),
+    (CHAT, chat(logit_bias={"50": -101}), 400, "logit_bias[...]"),
+    (CHAT, chat(logit_bias={"fifty": 1}), 400, "logit_bias"),
+    (COMPLETIONS, completion(logit_bias={"300": 1}), 400, "logit_bias"),  # outside the fake vocabulary
     # OpenAI fields ember does not implement, at values that would change the output
-    (COMPLETIONS, completion(presence_penalty=1.5), 400, "presence_penalty"),
-    (CHAT, chat(frequency_penalty=-0.5), 400, "frequency_penalty"),
-    (COMPLETIONS, completion(repetition_penalty=1.2), 400, "repetition_penalty"),
-    (CHAT, chat(logit_bias={"50": -100}), 400, "logit_bias"),
     (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
@@ -133,18 +135,26 @@ async def test_context_length_error_states_the_numbers(gateway: Gateway):
 
 
 async def test_unknown_fields_and_unimplemented_ones_at_their_no_op_values_are_accepted(gateway: Gateway):
-    no_ops = {"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}}
     status, body = await gateway.post(
         COMPLETIONS,
         {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "x": {"y": [1]}, "best_of": 2, "n": 2,
-         "suffix": "", **no_ops},
+         "suffix": "", "logit_bias": {}},
     )
     assert status == 200, body
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     status, body = await gateway.post(
-        CHAT, json.loads(chat(max_tokens=2, tools=tools, tool_choice="auto", response_format={"type": "text"}, **no_ops))
+        CHAT, json.loads(chat(max_tokens=2, tools=tools, tool_choice="auto", response_format={"type": "text"}))
     )
     assert status == 200, body
+
+
+async def test_penalties_and_logit_bias_reach_the_engine(gateway: Gateway, fake_engine: FakeEngine):
+    fields = {"presence_penalty": 0.5, "frequency_penalty": -1.0, "repetition_penalty": 1.3, "logit_bias": {"72": -100}}
+    status, body = await gateway.post(CHAT, json.loads(chat(max_tokens=2, **fields)))
+    assert status == 200, body
+    sampling = fake_engine.received[-1].sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert sampling.logit_bias == {72: -100.0}
 
 
 async def test_a_tool_call_turn_with_null_content_renders(gateway: Gateway):
