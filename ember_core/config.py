@@ -20,7 +20,7 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     block_size: int = 16
     num_blocks: int | None = None
-    kv_cache_mib: float = 128
+    kv_cache_mib: float = 512  # SmolLM2 in float32: 11,650 tokens, its whole 8192 context and more
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None
