@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ember_gateway.chat import create_chat_completion
 from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
+from ember_gateway.cors import add_cors_headers, cors_middleware
 from ember_gateway.engine_client import EngineClient
 from ember_gateway.errors import ApiError, from_http_exception, internal_error
 from ember_gateway.metrics import GatewayMetrics
@@ -28,8 +29,10 @@ def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web
         config.engine_address, model_name=config.model_name, watchdog_s=config.engine_timeout
     )
     app = web.Application(
-        middlewares=[_errors_middleware, _auth_middleware(config.api_key)], client_max_size=config.max_body_bytes
+        middlewares=[_errors_middleware, cors_middleware(config.allowed_origins), _auth_middleware(config.api_key)],
+        client_max_size=config.max_body_bytes,
     )
+    app.on_response_prepare.append(add_cors_headers(config.allowed_origins))
     app[STATE] = GatewayState(config, client, GatewayMetrics(client.engine_snapshot))
     app.add_routes(
         [

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-timeout", type=float, default=env("EMBER_ENGINE_TIMEOUT", "30"),
         help="seconds of engine silence before it counts as gone; must exceed the longest engine step (EMBER_ENGINE_TIMEOUT)",
     )
+    parser.add_argument(
+        "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
+        help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
+    )
     parser.add_argument("--log-level", default=env("EMBER_LOG_LEVEL", "INFO"))
     return parser
 
@@ -66,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         max_body_bytes=args.max_body_bytes,
         model_name=args.model_name or None,
         engine_timeout=args.engine_timeout,
+        allowed_origins=tuple(origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()),
     )
 
 

@@ -22,6 +22,8 @@ class GatewayConfig:
     # so this must exceed the longest step (a big prefill on CPU); a killed engine is noticed at
     # once through the socket's disconnect event instead.
     engine_timeout: float = 30.0
+    # Origins browsers may call the API from (CORS); "*": any, empty: no CORS headers.
+    allowed_origins: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         if not self.engine_address.startswith(("tcp://", "ipc://")):

@@ -411,3 +411,33 @@ async def test_model_without_chat_template_refuses_chat(start_gateway: StartGate
         assert status == 200
     finally:
         await engine.stop()
+
+
+async def test_cors_preflight_and_headers_let_browsers_call_the_api(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, api_key="sekret")  # a preflight carries no credentials
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    async with gateway.http.options("/v1/chat/completions", headers=preflight) as response:
+        assert response.status == 204
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        assert "POST" in response.headers["Access-Control-Allow-Methods"]
+        assert response.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+    headers = {"Origin": "https://app.example", "Authorization": "Bearer sekret"}
+    async with gateway.http.post("/v1/completions", json=completion(max_tokens=2), headers=headers) as response:
+        assert response.status == 200
+        assert response.headers["Access-Control-Allow-Origin"] == "*"
+    async with gateway.http.post("/v1/completions", json=completion(max_tokens=2, stream=True), headers=headers) as response:
+        assert response.headers["Access-Control-Allow-Origin"] == "*"  # set before a stream's headers go out
+        await response.read()
+
+
+async def test_cors_limited_to_the_allowed_origins(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, allowed_origins=("https://app.example",))
+    async with gateway.http.get("/v1/models", headers={"Origin": "https://app.example"}) as response:
+        assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        assert response.headers["Vary"] == "Origin"
+    async with gateway.http.get("/v1/models", headers={"Origin": "https://evil.example"}) as response:
+        assert "Access-Control-Allow-Origin" not in response.headers
+    preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
+    async with gateway.http.options("/v1/completions", headers=preflight) as response:
+        assert response.status == 405 and "Access-Control-Allow-Origin" not in response.headers
