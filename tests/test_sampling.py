@@ -155,6 +155,15 @@ def test_penalties_and_logit_bias_follow_their_definitions() -> None:
     assert sample(logits.clone(), requests)[1].token_id == 4  # +100 wins the greedy row
 
 
+def test_reported_logprobs_are_the_models_own_before_penalties_bias_and_bans() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    params = SamplingParams(temperature=0, logprobs=4, logit_bias={3: 50.0}, frequency_penalty=2.0)
+    token = sample(logits.clone(), [SamplingRequest(params, 2, (1,), [0], [0, 0])])[0]
+    assert token.token_id == 3
+    assert token.logprob == pytest.approx(logits.log_softmax(-1)[0, 3].item())
+    assert [t for t, _ in token.top_logprobs] == [0, 1, 2, 3]
+
+
 def test_greedy_with_penalties_equals_a_reference_loop(gpt2_dir, gpt2_llm) -> None:
     from transformers import GPT2LMHeadModel
 

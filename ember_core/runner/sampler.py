@@ -87,17 +87,24 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
 
 
 def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
-    logits = logits.float()
-    apply_penalties_and_bias_(logits, requests)
+    """Logprobs are the model's own (before penalties, logit_bias and min_tokens bans, as vLLM
+    reports them), so a token scores the same generated as in an echoed prompt."""
+    raw = logits.float()
     banned = [(row, token) for row, req in enumerate(requests) for token in req.banned_token_ids]
-    if banned:
-        rows, tokens = zip(*banned)
-        logits[list(rows), list(tokens)] = float("-inf")
+    adjusted = any(req.params.needs_token_history or req.params.logit_bias for req in requests)
+    if banned or adjusted:
+        logits = raw.clone()
+        apply_penalties_and_bias_(logits, requests)
+        if banned:
+            rows, tokens = zip(*banned)
+            logits[list(rows), list(tokens)] = float("-inf")
+    else:
+        logits = raw
     token_ids = logits.argmax(dim=-1)
     random_rows = [row for row, req in enumerate(requests) if not req.params.greedy]
     if random_rows:
         token_ids[random_rows] = _sample_rows(_select(logits, random_rows), [requests[row] for row in random_rows])
-    return _with_logprobs(logits, token_ids, requests)
+    return _with_logprobs(raw, token_ids, requests)
 
 
 def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[SampledToken]:

@@ -60,9 +60,10 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 
 
 class Child:
-    """A child process the launcher restarts when it dies after having served (a crash or a kill),
-    but not when it dies before the server ever became healthy (a bad flag, a model that does not
-    load): that ends `ember serve` instead of looping."""
+    """A child process the launcher restarts when it dies after the server was once healthy (a
+    crash or a kill, also while a restart is loading), within a budget, but not when it dies before
+    the server ever became healthy (a bad flag, a model that does not load): that ends
+    `ember serve` instead of looping."""
 
     def __init__(self, name: str, argv: list[str]) -> None:
         self.name = name
@@ -83,7 +84,6 @@ class Child:
             return False
         print(f"ember: the {self.name} exited with {cause}; restarting it", file=sys.stderr, flush=True)
         self.restarts.append(now)
-        self.served = False
         self.process = subprocess.Popen(self.argv)
         return True
 

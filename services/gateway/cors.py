@@ -47,7 +47,7 @@ def add_cors_headers(allowed: tuple[str, ...]):
         origin = _allowed_origin(request, allowed)
         if origin:
             response.headers["Access-Control-Allow-Origin"] = origin
-            if origin != "*":
-                response.headers["Vary"] = "Origin"
+        if allowed and "*" not in allowed:  # the answer depends on the Origin: caches must key on it
+            response.headers["Vary"] = "Origin"
 
     return add_headers

@@ -41,16 +41,19 @@ class TextOffsets:
     """Where each token's text starts in a choice's text, counting characters as the detokenizer
     emits them (a token that ends inside a character adds nothing until the character completes)."""
 
-    def __init__(self, tokenizer: Tokenizer | None, start: int) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, start: int, skip_special_tokens: bool = True) -> None:
+        """skip_special_tokens: as the text the offsets point into (generated text skips them, an
+        echoed prompt keeps them)."""
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._offset = start
+        self._skip_special_tokens = skip_special_tokens
 
     def next(self, token_id: int) -> int:
         offset = self._offset
         if self._tokenizer is not None:
             try:
-                data = self._tokenizer.decode_bytes([token_id], skip_special_tokens=True)
+                data = self._tokenizer.decode_bytes([token_id], skip_special_tokens=self._skip_special_tokens)
             except ValueError:
                 data = b""
             self._offset += len(self._utf8.decode(data))
@@ -80,7 +83,7 @@ def completion_logprobs(
 
 def echoed_prompt_logprobs(tokenizer: Tokenizer | None, prompt_ids: list[int], entries: list[TokenLogprob]) -> dict[str, Any]:
     """Completions logprobs of an echoed prompt: its first token has none, nothing precedes it."""
-    offsets = TextOffsets(tokenizer, 0)
+    offsets = TextOffsets(tokenizer, 0, skip_special_tokens=False)
     first = {"tokens": [token_string(tokenizer, prompt_ids[0])], "token_logprobs": [None], "top_logprobs": [None],
              "text_offset": [offsets.next(prompt_ids[0])]}
     rest = completion_logprobs(tokenizer, entries, offsets)

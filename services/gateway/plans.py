@@ -58,9 +58,9 @@ def build_plans(
                 min_tokens=body.min_tokens,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty or 0.0,
+                frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
                 logit_bias=logit_bias,
             )
             plans.append(ChoicePlan(prompt, sampling))

@@ -38,7 +38,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, Meta(ge=-1)] | None = None  # extension; 0 and -1 mean off
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # any int64, as vLLM
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     # extensions
@@ -46,9 +46,9 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] = 1.0  # vLLM extension
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None  # vLLM extension
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id (as a string) -> bias
     # not implemented: only their no-op values pass `reject_unimplemented`
     response_format: dict[str, Any] | None = None

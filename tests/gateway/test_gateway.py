@@ -172,6 +172,11 @@ async def test_completion_logprobs_and_echo(gateway: Gateway, fake_engine: FakeE
     streamed_offsets = [offset for event in events[:-1] for offset in event["choices"][0]["logprobs"]["text_offset"]]
     assert streamed_offsets == [0, 1, 2, 3, 4, 5]  # the prompt's with the first chunk
     assert events[0]["choices"][0]["logprobs"]["token_logprobs"] == [None, -0.5, -0.5, -0.25]
+    # The echoed prompt keeps its special tokens, and so do its offsets.
+    _, body = await gateway.post("/v1/completions", completion(prompt="<|im_start|>a", max_tokens=1, logprobs=0, echo=True))
+    logprobs = body["choices"][0]["logprobs"]
+    assert body["choices"][0]["text"] == "<|im_start|>aH"
+    assert logprobs["tokens"] == ["<|im_start|>", "a", "H"] and logprobs["text_offset"] == [0, 12, 13]
 
 
 async def test_logprobs_of_partial_characters_are_bytes(gateway: Gateway):
@@ -438,6 +443,7 @@ async def test_cors_limited_to_the_allowed_origins(fake_engine: FakeEngine, star
         assert response.headers["Vary"] == "Origin"
     async with gateway.http.get("/v1/models", headers={"Origin": "https://evil.example"}) as response:
         assert "Access-Control-Allow-Origin" not in response.headers
+        assert response.headers["Vary"] == "Origin"  # a shared cache must not hand this to another origin
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
     async with gateway.http.options("/v1/completions", headers=preflight) as response:
         assert response.status == 405 and "Access-Control-Allow-Origin" not in response.headers

@@ -68,7 +68,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(stop=[1]), 400, "stop[0]"),
     (COMPLETIONS, completion(stop=5), 400, "stop"),
     (COMPLETIONS, completion(stop=[str(i) for i in range(17)]), 400, "stop"),
-    (COMPLETIONS, completion(seed=-1), 400, "seed"),
+    (COMPLETIONS, completion(seed=2**63), 400, "seed"),
     (COMPLETIONS, completion(seed="x"), 400, "seed"),
     (COMPLETIONS, completion(stream="yes"), 400, "stream"),
     (COMPLETIONS, completion(stream=True, stream_options={"include_usage": "x"}), 400, "stream_options.include_usage"),
@@ -138,7 +138,8 @@ async def test_unknown_fields_and_unimplemented_ones_at_their_no_op_values_are_a
     status, body = await gateway.post(
         COMPLETIONS,
         {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "x": {"y": [1]}, "best_of": 2, "n": 2,
-         "suffix": "", "logit_bias": {}},
+         "suffix": "", "logit_bias": {}, "presence_penalty": None, "frequency_penalty": None, "repetition_penalty": None,
+         "seed": -1},
     )
     assert status == 200, body
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
