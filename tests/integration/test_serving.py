@@ -157,7 +157,8 @@ def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloa
             wait_until(lambda: bool(_engine_pids(process.pid, exclude=killed)), 30, "an engine process")
             killed.append(_engine_pids(process.pid, exclude=killed)[0])
             os.kill(killed[-1], signal.SIGKILL)
-            wait_until(lambda: log.read_text().count("the engine exited with signal SIGKILL; restarting it") == kill + 1,
+            restarts = kill + 1
+            wait_until(lambda: log.read_text().count("the engine exited with signal SIGKILL; restarting it") == restarts,  # noqa: B023 - waited on at once
                        30, "restart log")
         wait_until(lambda: http_status(f"{url}/health") == 200, STARTUP_TIMEOUT_S, "the restarted engine")
         after = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
