@@ -50,6 +50,16 @@ def test_chunked_or_preempted_prompts_are_scored_once_with_the_same_values(gpt2_
     assert_pool_free(llm)
 
 
+def test_max_tokens_0_scores_the_prompt_and_generates_nothing(gpt2_dir) -> None:
+    llm = _make_llm(gpt2_dir)
+    scored = llm.generate(PROMPTS, SamplingParams(max_tokens=0, prompt_logprobs=1))
+    expected = llm.generate(PROMPTS, SCORING)
+    for got, want in zip(scored, expected):
+        assert got.token_ids == [] and got.finish_reason == "length"
+        assert [e.logprob for e in got.prompt_logprobs] == pytest.approx([e.logprob for e in want.prompt_logprobs], abs=1e-6)
+    assert_pool_free(llm)
+
+
 def test_without_prompt_logprobs_none_are_computed(gpt2_dir) -> None:
     output = _make_llm(gpt2_dir).generate(PROMPTS[:1], SamplingParams(max_tokens=2, temperature=0))[0]
     assert output.prompt_logprobs is None

@@ -143,6 +143,9 @@ class Engine:
             seq.prompt_logprobs.extend(TokenLogprob(t.logprob, t.top_logprobs) for t in result.prompt_logprobs)
             if result.sampled is not None:
                 deltas.append(self._append_token(seq, result.sampled))
+            elif seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
+                self.scheduler.finish(seq, FinishReason.LENGTH)
+                deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
         return deltas
 
     def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
@@ -150,7 +153,7 @@ class Engine:
         for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens):
             start = seq.num_computed_tokens
             sampling = None
-            if start + num_tokens == seq.num_tokens:
+            if start + num_tokens == seq.num_tokens and seq.params.max_tokens > 0:
                 params = seq.params
                 banned: tuple[int, ...] = ()
                 if seq.num_output_tokens < params.min_tokens:

@@ -32,7 +32,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by completions and chat completions; None means "not given"."""
 
     model: str
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 only with echo: score the prompt
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None  # extension; 0 and -1 mean off
@@ -50,7 +50,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None  # vLLM extension
     logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id (as a string) -> bias
-    # not implemented: only their no-op values pass `reject_unimplemented`
+    # not implemented: only their no-op values pass `reject_unsupported_values`
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
@@ -100,11 +100,11 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
         raise ApiError(400, f"invalid request: {message}", param=param or None) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    reject_unimplemented(body)
+    reject_unsupported_values(body)
     return body
 
 
-def reject_unimplemented(body: GenerationRequest) -> None:
+def reject_unsupported_values(body: GenerationRequest) -> None:
     if body.response_format is not None and body.response_format.get("type") != "text":
         raise ApiError(
             400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",
@@ -115,6 +115,8 @@ def reject_unimplemented(body: GenerationRequest) -> None:
             400, "ember does not call tools: tool_choice must be \"none\" or \"auto\" (the model answers in text)",
             param="tool_choice",
         )
+    if body.max_tokens == 0 and not (isinstance(body, CompletionRequest) and body.echo):
+        raise ApiError(400, "max_tokens must be >= 1 (0 is for scoring a prompt with echo)", param="max_tokens")
     if isinstance(body, CompletionRequest):
         if body.best_of is not None and body.best_of != (body.n or 1):
             raise ApiError(400, "ember does not implement best_of: leave it out or send n", param="best_of")

@@ -90,6 +90,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     (CHAT, chat(logprobs=1), 400, "logprobs"),
     (CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    (CHAT, chat(max_tokens=0), 400, "max_tokens"),
     (CHAT, chat(max_tokens=1000), 400, "max_tokens"),
     (CHAT, chat(messages=[{"role": "user", "content": "x" * 100}]), 400, "messages"),  # no room left
     (CHAT, raw({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),

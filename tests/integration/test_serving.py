@@ -132,6 +132,11 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
         assert echoed.text.startswith(text)
         assert echoed.logprobs.token_logprobs[0] is None and len(echoed.logprobs.tokens) == len(text_ids) + 1
         assert echoed.logprobs.token_logprobs[1:-1] == pytest.approx([e.logprob for e in scored.prompt_logprobs], abs=1e-4)
+        only_prompt = client.completions.create(
+            model="smollm2-135m-instruct", prompt=text, max_tokens=0, logprobs=1, echo=True
+        )
+        assert only_prompt.choices[0].text == text and only_prompt.usage.completion_tokens == 0
+        assert only_prompt.choices[0].logprobs.token_logprobs == echoed.logprobs.token_logprobs[:-1]
         process.send_signal(signal.SIGTERM)
         assert stop_process(process, timeout=30) == 0
     assert http_status(f"{url}/health") == 0  # nothing listens any more
