@@ -27,9 +27,9 @@ def test_text_prompt_for_a_model_without_tokenizer_files(gpt2_dir) -> None:
 
 
 def test_invalid_sampling_value_is_a_one_line_error(gpt2_dir) -> None:
-    result = run_ember("generate", "--model", str(gpt2_dir), "--max-tokens", "0", "hello")
+    result = run_ember("generate", "--model", str(gpt2_dir), "--max-tokens", "-1", "hello")
     assert result.returncode == 2
-    assert result.stderr.strip() == "ember: error: max_tokens must be an integer >= 1, got 0"
+    assert result.stderr.strip() == "ember: error: max_tokens must be an integer >= 0, got -1"
 
 
 def test_unknown_flag_is_rejected_by_argparse() -> None:
