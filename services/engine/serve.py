@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+from ember_gateway.cli import add_gateway_arguments, gateway_options_argv
 
 POLL_SECONDS = 0.2
 HEALTH_CHECK_SECONDS = 1.0
@@ -24,9 +25,7 @@ RESTART_WINDOW_SECONDS = 600.0
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember-serve", description="serve a model on an OpenAI-compatible HTTP API")
     add_engine_arguments(parser)
-    parser.add_argument("--host", default=os.environ.get("EMBER_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=os.environ.get("EMBER_PORT", 8000))
-    parser.add_argument("--api-key", default=os.environ.get("EMBER_API_KEY"))
+    add_gateway_arguments(parser)
     parser.add_argument("--log-level", default=os.environ.get("EMBER_LOG_LEVEL", "INFO"))
     return parser
 
@@ -40,10 +39,8 @@ def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
 
 
 def _gateway_argv(args: argparse.Namespace, engine_address: str) -> list[str]:
-    argv = [sys.executable, "-m", "ember_gateway", "--engine", engine_address, "--host", args.host, "--port", str(args.port)]
-    if args.api_key:
-        argv += ["--api-key", args.api_key]
-    return argv
+    argv = [sys.executable, "-m", "ember_gateway", "--engine", engine_address, "--log-level", args.log_level]
+    return argv + gateway_options_argv(args)
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:

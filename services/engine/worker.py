@@ -131,7 +131,8 @@ class EngineWorker:
                 self._send(identity, Rejected("", RejectCode.INVALID_REQUEST,
                                               f"protocol version {message.protocol_version} is not {PROTOCOL_VERSION}"))
                 return
-            logger.info("gateway %s connected", message.gateway_id)
+            if identity not in self.gateways.last_sent:  # a gateway may repeat its Hello (see engine_client)
+                logger.info("gateway %s connected", message.gateway_id)
             self.gateways.last_sent[identity] = 0.0
             self._send(identity, self.ready)
         elif isinstance(message, Generate):

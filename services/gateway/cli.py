@@ -20,12 +20,9 @@ logger = logging.getLogger("ember_gateway")
 SHUTDOWN_GRACE_S = 10.0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP front end's options (all but --engine and --log-level), shared with `ember serve`."""
     env = os.environ.get
-    parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for an ember engine")
-    parser.add_argument(
-        "--engine", default=env("EMBER_ENGINE", "tcp://127.0.0.1:5555"), help="engine address, tcp://HOST:PORT or ipc://PATH (EMBER_ENGINE)"
-    )
     parser.add_argument("--host", default=env("EMBER_HOST", "127.0.0.1"), help="(EMBER_HOST)")
     parser.add_argument("--port", type=int, default=env("EMBER_PORT", "8000"), help="0 picks a free port (EMBER_PORT)")
     parser.add_argument(
@@ -55,6 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
         help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
     )
+
+
+def gateway_options_argv(args: argparse.Namespace) -> list[str]:
+    """The gateway options in `args` as command-line flags, for a launcher that starts the gateway."""
+    options = argparse.ArgumentParser(add_help=False)
+    add_gateway_arguments(options)
+    argv: list[str] = []
+    for name in vars(options.parse_args([])):
+        value = getattr(args, name)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for an ember engine")
+    parser.add_argument(
+        "--engine", default=env("EMBER_ENGINE", "tcp://127.0.0.1:5555"), help="engine address, tcp://HOST:PORT or ipc://PATH (EMBER_ENGINE)"
+    )
+    add_gateway_arguments(parser)
     parser.add_argument("--log-level", default=env("EMBER_LOG_LEVEL", "INFO"))
     return parser
 

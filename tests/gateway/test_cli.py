@@ -52,3 +52,19 @@ def test_bad_settings_are_usage_errors(argv: list[str], monkeypatch: pytest.Monk
         main(argv)
     assert exit_info.value.code == 2
     assert "ember-gateway: error:" in capsys.readouterr().err
+
+
+def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest.MonkeyPatch):
+    from ember_engine.serve import _gateway_argv
+    from ember_engine.serve import build_parser as serve_parser
+
+    monkeypatch.delenv("EMBER_API_KEY", raising=False)
+    serve_args = serve_parser().parse_args([
+        "--port", "9001", "--api-key", "k", "--max-pending", "3", "--request-timeout", "2.5",
+        "--max-body-bytes", "65536", "--model-name", "served", "--engine-timeout", "7", "--allowed-origins", "",
+    ])
+    argv = _gateway_argv(serve_args, "ipc:///tmp/engine.sock")
+    assert argv[1:3] == ["-m", "ember_gateway"]
+    assert config(argv[3:]) == GatewayConfig(
+        "ipc:///tmp/engine.sock", "127.0.0.1", 9001, "k", 3, 2.5, 65536, "served", 7.0, allowed_origins=()
+    )
