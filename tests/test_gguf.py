@@ -25,7 +25,7 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.tokenizer import Tokenizer
 from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from tests.reference import ember_prompt_logits, reference_logits
-from tests.test_linear import K_QUANT_HALF_OFFSETS, random_k_quant_blocks
+from tests.test_linear import RANDOM_BLOCK_HALF_OFFSETS, random_blocks
 from tests.test_llama_hf import LLAMA3_ROPE
 
 CPU = torch.device("cpu")
@@ -404,14 +404,14 @@ def _llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
 def _stored_rows(name: str, param: torch.Tensor, qtype: Q, config: transformers.LlamaConfig) -> tuple[np.ndarray, torch.Tensor]:
     """(what the file stores for a parameter, in llama.cpp's row order; the weight it stands for, in HF's).
 
-    gguf-py cannot quantize to K-quants, so a K-quant parameter is replaced by random blocks.
+    gguf-py cannot quantize to K-quants or IQ4 types, so such a parameter is replaced by random blocks.
     Quantization blocks run along rows, so permuting rows does not change what each row stores.
     """
     heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads if ".k_proj." in name else 0
-    if qtype in K_QUANT_HALF_OFFSETS:
+    if qtype in RANDOM_BLOCK_HALF_OFFSETS:
         # Factors small enough for weights of ~0.01-0.1.
-        scale = 1e-4 if qtype == Q.Q4_K else 2e-5
-        blocks = random_k_quant_blocks(qtype, param.shape[0], param.shape[1], seed=len(name), scale=scale)
+        scale = {Q.Q4_K: 1e-4, Q.IQ4_NL: 5e-4}.get(qtype, 2e-5)
+        blocks = random_blocks(qtype, param.shape[0], param.shape[1], seed=len(name), scale=scale)
         values = torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks, qtype), dtype=np.float32).reshape(param.shape))
         if heads:
             blocks = blocks[_llama_cpp_permute(torch.arange(param.shape[0]), heads).numpy()]
@@ -534,6 +534,8 @@ K_QUANT_TYPES_BY_SUFFIX = {
     "layers.1.mlp.down_proj.weight": Q.Q5_0,
     "layers.0.mlp.gate_proj.weight": Q.Q2_K,
     "layers.0.mlp.up_proj.weight": Q.Q3_K,
+    "layers.1.self_attn.k_proj.weight": Q.IQ4_NL,
+    "layers.1.self_attn.o_proj.weight": Q.IQ4_XS,
     "proj.weight": Q.Q4_K,
 }
 
@@ -550,9 +552,10 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     assert first.self_attn.qkv_proj.kind == Q.Q4_K and first.self_attn.o_proj.kind == Q.Q5_K
     assert second.mlp.down_proj.kind == Q.Q5_0
     assert [part.kind for part in first.mlp.gate_up_proj.parts] == [Q.Q2_K, Q.Q3_K]
-    assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K]
+    assert [part.kind for part in second.self_attn.qkv_proj.parts] == [Q.Q4_K, Q.IQ4_NL, Q.Q6_K]
+    assert second.self_attn.o_proj.kind == Q.IQ4_XS
     assert [part.kind for part in second.mlp.gate_up_proj.parts] == [Q.Q4_0, Q.Q5_1]
-    assert [part.out_features for part in second.self_attn.qkv_proj.parts] == [256 + 128, 128]
+    assert [part.out_features for part in second.self_attn.qkv_proj.parts] == [256, 128, 128]
     assert not any(isinstance(m, GGUFBlockLinear) for m in models[False].modules())
     # Decode steps: layer 0 in one C++ call, layer 1 (stacked QKV) through its modules; the same bits.
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)

@@ -99,30 +99,32 @@ def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], 
 # --- GGUF blocks --------------------------------------------------------------------------------
 
 Q = gguf.GGMLQuantizationType
-BLOCK_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16]
-# The float16 fields of a K-quant block: Q4_K's and Q5_K's d and dmin lead it; Q2_K's d and dmin,
-# Q3_K's and Q6_K's d end it.
-K_QUANT_HALF_OFFSETS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+BLOCK_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.F16, Q.BF16]
+# The float16 fields of the block types gguf-py cannot quantize to: Q4_K's and Q5_K's d and dmin
+# lead a block; Q2_K's d and dmin, Q3_K's and Q6_K's d end it; IQ4_NL's and IQ4_XS's d lead it.
+RANDOM_BLOCK_HALF_OFFSETS = {
+    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)
+}
 
 
-def random_k_quant_blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int, scale: float) -> np.ndarray:
-    """Rows of random K-quant blocks (gguf-py cannot quantize to these types) whose float16 factors
-    are uniform in [0, scale), so that values stay in a weight's range."""
+def random_blocks(kind: gguf.GGMLQuantizationType, out_features: int, in_features: int, seed: int, scale: float) -> np.ndarray:
+    """Rows of random blocks of a type gguf-py cannot quantize to, whose float16 factors are
+    uniform in [0, scale), so that values stay in a weight's range."""
     values_per_block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (out_features, in_features // values_per_block, block_bytes), dtype=np.uint8)
-    for offset in K_QUANT_HALF_OFFSETS[kind]:
+    for offset in RANDOM_BLOCK_HALF_OFFSETS[kind]:
         factors = (rng.random(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[:, :, offset : offset + 2] = factors[..., None].view(np.uint8)
     return blocks.reshape(out_features, -1)
 
 
 def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks of a random weight (gguf-py's quantization, or random K-quant blocks), and gguf-py's float32 values of them."""
+    """Blocks of a random weight (gguf-py's quantization, or random blocks), and gguf-py's float32 values of them."""
     values_per_block = SIXTEEN_BIT_ROW_MULTIPLE if kind in SIXTEEN_BIT_KINDS.values() else gguf.GGML_QUANT_SIZES[kind][0]
     in_features = blocks_per_row * values_per_block
-    if kind in K_QUANT_HALF_OFFSETS:
-        blocks = random_k_quant_blocks(kind, out_features, in_features, seed, scale=1e-3)
+    if kind in RANDOM_BLOCK_HALF_OFFSETS:
+        blocks = random_blocks(kind, out_features, in_features, seed, scale=1e-3)
     else:
         weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)).numpy()
         blocks = gguf.quants.quantize(weight, kind)
@@ -135,7 +137,7 @@ def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: 
 @pytest.mark.parametrize(("out_features", "blocks_per_row"), [(37, 3), (8, 1), (3, 18)])
 def test_blocks_expand_to_exactly_gguf_py_values(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int) -> None:
     blocks, values = _blocks(kind, out_features, blocks_per_row, seed=out_features)
-    assert values.abs().max() > 0.01  # K-quant factors: not all rounded to zero
+    assert values.abs().max() > 0.01  # random blocks' factors: not all rounded to zero
     actual = torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], values.shape[1])
     assert torch.equal(actual, values)
 

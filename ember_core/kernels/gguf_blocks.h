@@ -1,5 +1,5 @@
 // GGUF block formats the CPU kernels read in place (ggml's block_q4_0, q4_1, q5_0, q5_1, q8_0,
-// q2_K, q3_K, q4_K, q5_K, q6_K, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
+// q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, and rows of float16 or bfloat16), and their expansion to float32, 32 values at a
 // time, with exactly the values gguf-py's dequantization (or torch's .float()) gives. Every step of an expansion is exact but the last, which rounds once as
 // gguf-py's last numpy operation does, so a kernel over blocks is bit-identical to one over the
 // dequantized float32 weights.
@@ -24,7 +24,7 @@ namespace {
 
 enum BlockFormat : int64_t {
   kQ4_1 = 0, kQ8_0 = 1, kQ4_K = 2, kQ6_K = 3, kF16 = 4, kBF16 = 5, kQ4_0 = 6, kQ5_0 = 7, kQ5_1 = 8, kQ5_K = 9,
-  kQ2_K = 10, kQ3_K = 11
+  kQ2_K = 10, kQ3_K = 11, kIQ4_NL = 12, kIQ4_XS = 13
 };
 
 struct BlockLayout {
@@ -44,15 +44,20 @@ constexpr BlockLayout kBlockLayouts[] = {
     {256, 176},  // Q5_K: Q4_K's d, dmin and scales, 32 bytes of fifth bits, 128 bytes of low 4 bits
     {256, 84},   // Q2_K: 16 bytes of 4-bit scale and min per 16 values, 64 bytes of 2-bit q, float16 d, dmin
     {256, 110},  // Q3_K: 32 bytes of third bits, 64 of low 2 bits, 12 of 6-bit scales, float16 d
+    {32, 18},    // IQ4_NL: float16 d, 16 bytes of 4-bit indices into kIQ4Values: value = d * kIQ4Values[q]
+    {256, 136},  // IQ4_XS: float16 d, 16 + 32 bits of 6-bit scales, 128 bytes of 4-bit indices
 };
+
+// ggml's kvalues_iq4nl: the non-linear levels IQ4_NL's and IQ4_XS's 4-bit indices pick.
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
 
 inline BlockLayout block_layout(int64_t format) {
-  TORCH_CHECK(format >= kQ4_1 && format <= kQ3_K, "unknown GGUF block format ", format,
+  TORCH_CHECK(format >= kQ4_1 && format <= kIQ4_XS, "unknown GGUF block format ", format,
               " (0 = Q4_1, 1 = Q8_0, 2 = Q4_K, 3 = Q6_K, 4 = F16, 5 = BF16, 6 = Q4_0, 7 = Q5_0, 8 = Q5_1, 9 = Q5_K, "
-              "10 = Q2_K, 11 = Q3_K)");
+              "10 = Q2_K, 11 = Q3_K, 12 = IQ4_NL, 13 = IQ4_XS)");
   return kBlockLayouts[format];
 }
 
@@ -72,7 +77,9 @@ void with_block_format(int64_t format, F&& f) {
     case kQ5_1: return f(std::integral_constant<int64_t, kQ5_1>{});
     case kQ5_K: return f(std::integral_constant<int64_t, kQ5_K>{});
     case kQ2_K: return f(std::integral_constant<int64_t, kQ2_K>{});
-    default: return f(std::integral_constant<int64_t, kQ3_K>{});
+    case kQ3_K: return f(std::integral_constant<int64_t, kQ3_K>{});
+    case kIQ4_NL: return f(std::integral_constant<int64_t, kIQ4_NL>{});
+    default: return f(std::integral_constant<int64_t, kIQ4_XS>{});
   }
 }
 
@@ -125,6 +132,22 @@ inline std::pair<float, float> sixteen_value_factors(const uint8_t* block, int64
     return {half_at(block + 80) * static_cast<float>(block[half] & 0xF), half_at(block + 82) * static_cast<float>(block[half] >> 4)};
   else
     return {half_at(block + 108) * static_cast<float>(q3_k_scale(block + 96, half)), 0.0f};
+}
+
+// IQ4_NL's and IQ4_XS's factor of sub-block `sub` and the 16 bytes of its indices (values 0-15 are
+// their low nibbles, 16-31 the high ones). IQ4_XS's signed 6-bit scale takes its low 4 bits from
+// the nibble `sub` of bytes 4-7 and its high 2 from bits 2 sub of the 16 at bytes 2-3; d * scale
+// is exact in float32, as gguf-py forms it.
+template <int64_t Format>
+inline std::pair<float, const uint8_t*> iq4_factor_and_indices(const uint8_t* block, int64_t sub) {
+  if constexpr (Format == kIQ4_NL) {
+    return {half_at(block), block + 2};
+  } else {
+    uint16_t high_bits;
+    std::memcpy(&high_bits, block + 2, sizeof(high_bits));
+    const int scale = (((block[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) | (((high_bits >> (2 * sub)) & 3) << 4)) - 32;
+    return {half_at(block) * static_cast<float>(scale), block + 8 + 16 * sub};
+  }
 }
 
 // Q6_K's sub-block `sub` (values 32 sub to 32 sub + 31) takes its low 4 bits from 32 bytes of ql
@@ -232,6 +255,18 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
         values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(low), _mm256_set1_ps(scale)));
       }
     }
+  } else if constexpr (Format == kIQ4_NL || Format == kIQ4_XS) {
+    // A byte shuffle looks up 16 indices at once in the 16 levels.
+    const auto [factor, indices] = iq4_factor_and_indices<Format>(block, sub);
+    const __m256 d = _mm256_set1_ps(factor);
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)), low_nibble = _mm_set1_epi8(0x0F);
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(indices));
+    const __m128i picked[2] = {_mm_shuffle_epi8(levels, _mm_and_si128(bytes, low_nibble)),
+                               _mm_shuffle_epi8(levels, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble))};
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) {
+      const __m128i eight = j % 2 ? _mm_srli_si128(picked[j / 2], 8) : picked[j / 2];
+      values[j] = reinterpret_cast<vfloat>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), d));
+    }
   } else if constexpr (Format == kF16) {
     for (int64_t j = 0; j < kSubBlockVectors; ++j)
       values[j] = reinterpret_cast<vfloat>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + j * 16))));
@@ -311,6 +346,13 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
       const auto [scale, min] = sixteen_value_factors<Format>(block, 2 * sub + j / 2);
       values[j] = Format == kQ2_K ? broadcast(scale) * to_floats(q + j * kLanes) - min : to_floats(q + j * kLanes) * scale;
     }
+  } else if constexpr (Format == kIQ4_NL || Format == kIQ4_XS) {
+    const auto [factor, indices] = iq4_factor_and_indices<Format>(block, sub);
+    for (int64_t i = 0; i < kSubBlockValues / 2; ++i) {
+      q[i] = kIQ4Values[indices[i] & 0xF];
+      q[i + kSubBlockValues / 2] = kIQ4Values[indices[i] >> 4];
+    }
+    for (int64_t j = 0; j < kSubBlockVectors; ++j) values[j] = to_floats(q + j * kLanes) * factor;
   } else if constexpr (Format == kF16 || Format == kBF16) {
     using Half = std::conditional_t<Format == kF16, c10::Half, c10::BFloat16>;
     for (int64_t i = 0; i < kSubBlockValues; ++i) {

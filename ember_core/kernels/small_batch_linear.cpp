@@ -8,7 +8,7 @@
 // accumulators stay in registers. The weights stay in nn.Linear's [out, in] layout: no second
 // copy. Larger batches (prefill) go to torch's GEMM, which is faster there.
 //
-// The same tiles can come from GGUF quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K; gguf_blocks.h)
+// The same tiles can come from GGUF quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS; gguf_blocks.h)
 // instead: each thread expands a tile into float32 in L1, with exactly the values gguf-py's
 // dequantization gives, and runs the same dot products. The products are then bit-identical to the
 // float32 weights', while a step reads 4-7x fewer bytes from memory.

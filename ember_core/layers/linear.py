@@ -6,7 +6,7 @@ up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight on
 (kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
 holding the same parameters: no copy, a tied head still shares the embedding.
 
-`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K), or the 16-bit
+`GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS), or the 16-bit
 rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
 inside the same kernel: its outputs are bit-identical to a float32 `SmallBatchLinear` over the
 dequantized weights, for a fraction of the memory traffic.
@@ -63,6 +63,8 @@ GGUF_BLOCK_FORMATS = {
     gguf.GGMLQuantizationType.Q5_K: 9,
     gguf.GGMLQuantizationType.Q2_K: 10,
     gguf.GGMLQuantizationType.Q3_K: 11,
+    gguf.GGMLQuantizationType.IQ4_NL: 12,
+    gguf.GGMLQuantizationType.IQ4_XS: 13,
 }
 # The 16-bit row types, by the torch dtype that holds their values; the kernel expands 32 at a time.
 SIXTEEN_BIT_KINDS = {torch.bfloat16: gguf.GGMLQuantizationType.BF16, torch.float16: gguf.GGMLQuantizationType.F16}

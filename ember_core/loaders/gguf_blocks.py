@@ -1,5 +1,5 @@
 """Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 Linears for
-`GGUFBlockLinear`s over the file's Q4_0 to Q8_0, Q2_K to Q6_K rows (fused QKV and gate/up stacked as
+`GGUFBlockLinear`s over the file's Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS rows (fused QKV and gate/up stacked as
 at load; `StackedBlockLinear` where their parts mix formats)."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     token embedding when it is in one (sharing a tied head's blocks); returns how many.
 
     The model must already hold the dequantized weights: a module with a tensor in another format
-    (such as IQ4_XS or F32) keeps them; 16-bit ones are keep_16_bit_weights' job.
+    (such as IQ3_S or F32) keeps them; 16-bit ones are keep_16_bit_weights' job.
     """
     by_module = {
         hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t

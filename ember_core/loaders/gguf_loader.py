@@ -93,7 +93,7 @@ def llama_config_from_gguf(reader: gguf.GGUFReader) -> LlamaConfig:
 def load_gguf(
     path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = True
 ) -> tuple[nn.Module, Tokenizer]:
-    """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0 and Q2_K to Q6_K weights from their blocks (gguf_blocks.py)."""
+    """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS weights from their blocks (gguf_blocks.py)."""
     reader = gguf.GGUFReader(path)
     config = llama_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
