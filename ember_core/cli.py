@@ -17,6 +17,18 @@ def _env(name: str, default):
     return os.environ.get(f"EMBER_{name.upper()}", default)
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(f"EMBER_{name.upper()}")
+    if value is None:
+        return default
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    print(f"ember: error: EMBER_{name.upper()} must be true or false, got {value!r}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig()
     parser.add_argument("--model", default=_env("model", DEFAULT_MODEL), help="local dir, .gguf file, hub repo id or short name")
@@ -40,6 +52,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-attention", choices=DECODE_ATTENTION, default=_env("decode_attention", defaults.decode_attention),
                         help="auto = ember's C++ kernel on CPU, FlexAttention elsewhere if it passes its start-up "
                              "check, else SDPA over gathered blocks")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
+                        help="reuse the cached K/V of prompt prefixes computed before (default: on)")
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:

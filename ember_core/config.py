@@ -29,7 +29,7 @@ class EngineConfig:
     device: str | None = None
     dtype: str | None = None
     # "blocks": a float32 CPU model keeps a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K to
-    # Q6_K blocks and the 16-bit rows of bfloat16 / float16 weights (any checkpoint) as
+    # Q6_K / IQ4_NL / IQ4_XS blocks and the 16-bit rows of bfloat16 / float16 weights (any checkpoint) as
     # stored: the same outputs, 2-7x less memory traffic. "dequantized" expands them at load.
     gguf_weights: GGUFWeights = "blocks"
     # "auto": the model's dtype. A float32 model may keep float16 or bfloat16 K/V: half the cache
@@ -38,6 +38,9 @@ class EngineConfig:
     # "auto": ember's C++ kernel on CPU, FlexAttention elsewhere when it compiles and matches SDPA
     # at start, else SDPA over gathered blocks.
     decode_attention: DecodeAttention = "auto"
+    # Reuse the cached K/V of a prompt's longest prefix computed before (shared system prompts,
+    # chat turns, retries); the same tokens as without it.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -58,6 +61,8 @@ class EngineConfig:
             raise ValueError(f"gguf_weights must be 'blocks' or 'dequantized', got {self.gguf_weights!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
 

@@ -39,6 +39,10 @@ class LLM:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (e.g. between benchmark runs); running requests keep their blocks."""
+        self.engine.block_manager.reset_prefix_cache()
+
     def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:

@@ -92,6 +92,9 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     num_kv_blocks_used: int
     num_kv_blocks_total: int
     num_preemptions: int
+    # Prompt tokens looked up in the prefix cache since the engine started, and those found there.
+    num_prefix_cache_queries: int = 0
+    num_prefix_cache_hits: int = 0
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):

@@ -48,3 +48,20 @@ def test_invalid_kv_cache_dtype_is_a_one_line_error() -> None:
     result = run_ember("generate", "hi", env={**os.environ, "EMBER_KV_CACHE_DTYPE": "int8"})
     assert result.returncode == 2
     assert result.stderr.strip() == "ember: error: kv_cache_dtype must be one of auto, float32, float16, bfloat16, got 'int8'"
+
+
+def test_prefix_caching_is_on_unless_a_flag_or_the_environment_turns_it_off(monkeypatch) -> None:
+    from ember_engine.cli import build_parser
+
+    monkeypatch.delenv("EMBER_ENABLE_PREFIX_CACHING", raising=False)
+    assert build_parser().parse_args([]).enable_prefix_caching is True
+    assert build_parser().parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    monkeypatch.setenv("EMBER_ENABLE_PREFIX_CACHING", "false")
+    assert build_parser().parse_args([]).enable_prefix_caching is False
+    assert build_parser().parse_args(["--enable-prefix-caching"]).enable_prefix_caching is True
+
+
+def test_invalid_flag_value_in_the_environment_is_a_one_line_error() -> None:
+    result = run_ember("generate", "hi", env={**os.environ, "EMBER_ENABLE_PREFIX_CACHING": "maybe"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "ember: error: EMBER_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"

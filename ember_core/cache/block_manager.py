@@ -1,12 +1,30 @@
-"""Paged KV cache bookkeeping: a free list of physical blocks and one block table per sequence.
+"""Paged KV cache bookkeeping: a free list of physical blocks, one block table per sequence, and
+the prefix cache.
 
 No tensors here: the model runner owns the pool; this class only decides which block ids a
-sequence holds. Reference counts make a block shareable (prefix caching) without a redesign.
+sequence holds. Prefix caching: a full, computed block is registered under a hash of its tokens
+and of every token before it. A freed block keeps its contents and its hash until the free list
+hands it out again (least recently freed first), so a later sequence with the same prefix takes
+the block, shared through its reference count, instead of computing it again.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict
+
+
+def extend_block_hashes(hashes: list[bytes], token_ids: list[int], block_size: int, num_blocks: int) -> None:
+    """Append to `hashes` the hashes of full blocks len(hashes) to num_blocks - 1 of token_ids.
+
+    Each hash covers its block's tokens and, through its parent's hash, every token before them.
+    A 128-bit cryptographic hash: a crafted collision would hand one user's cached K/V to another.
+    """
+    while len(hashes) < num_blocks:
+        start = len(hashes) * block_size
+        block = array("q", token_ids[start : start + block_size]).tobytes()
+        hashes.append(hashlib.blake2b(block, digest_size=16, key=hashes[-1] if hashes else b"").digest())
 
 
 class BlockManager:
@@ -15,9 +33,13 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        # Blocks no sequence holds, least recently freed first; O(1) removal of a cache hit.
+        self._free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._ref_counts = [0] * num_blocks
         self._block_tables: dict[int, list[int]] = {}
+        self._cached_blocks: dict[bytes, int] = {}  # prefix hash -> the block holding it
+        self._block_hashes: dict[int, bytes] = {}  # the reverse, for eviction
+        self._num_offered: dict[int, int] = {}  # seq id -> blocks of its table already offered to the cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,6 +66,11 @@ class BlockManager:
     def can_grow(self, seq_id: int, num_tokens: int) -> bool:
         return self.num_missing_blocks(seq_id, num_tokens) <= len(self._free_block_ids)
 
+    def can_start(self, num_tokens: int, cached: list[int]) -> bool:
+        """Whether a sequence holding no blocks can take these cached blocks and grow to num_tokens."""
+        revived = sum(1 for block_id in cached if self._ref_counts[block_id] == 0)  # they leave the free list
+        return self.blocks_for_tokens(num_tokens) - len(cached) + revived <= len(self._free_block_ids)
+
     def grow(self, seq_id: int, num_tokens: int) -> None:
         """Extend the sequence's table to cover num_tokens tokens; a block only when the last is full."""
         missing = self.num_missing_blocks(seq_id, num_tokens)
@@ -51,12 +78,57 @@ class BlockManager:
             raise RuntimeError(f"KV pool exhausted: need {missing} blocks, {self.num_free_blocks} free")
         table = self._block_tables.setdefault(seq_id, [])
         for _ in range(missing):
-            block_id = self._free_block_ids.popleft()
+            block_id, _ = self._free_block_ids.popitem(last=False)
+            self._evict(block_id)
             self._ref_counts[block_id] = 1
             table.append(block_id)
 
     def free(self, seq_id: int) -> None:
-        for block_id in self._block_tables.pop(seq_id, ()):
+        # Last block first: a prefix's first blocks, shared most widely, stay cached the longest.
+        for block_id in reversed(self._block_tables.pop(seq_id, ())):
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
-                self._free_block_ids.append(block_id)
+                self._free_block_ids[block_id] = None
+        self._num_offered.pop(seq_id, None)
+
+    def cached_prefix(self, block_hashes: list[bytes]) -> list[int]:
+        """The cached blocks holding the leading blocks of these hashes, as far as they run unbroken."""
+        hits = []
+        for block_hash in block_hashes:
+            block_id = self._cached_blocks.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def share(self, seq_id: int, cached: list[int]) -> None:
+        """Start the table of a sequence that holds no blocks with these cached blocks."""
+        if self._block_tables.get(seq_id):
+            raise RuntimeError(f"sequence {seq_id} already holds blocks")
+        for block_id in cached:
+            if self._ref_counts[block_id] == 0:
+                del self._free_block_ids[block_id]
+            self._ref_counts[block_id] += 1
+        self._block_tables[seq_id] = list(cached)
+        self._num_offered[seq_id] = len(cached)
+
+    def offer_full_blocks(self, seq_id: int, block_hashes: list[bytes], num_full_blocks: int) -> None:
+        """Register the sequence's computed full blocks (its table's first num_full_blocks, whose
+        prefix hashes lead block_hashes) in the cache; a prefix cached already keeps its block."""
+        table = self._block_tables[seq_id]
+        for index in range(self._num_offered.get(seq_id, 0), num_full_blocks):
+            block_id, block_hash = table[index], block_hashes[index]
+            if block_hash not in self._cached_blocks and block_id not in self._block_hashes:
+                self._cached_blocks[block_hash] = block_id
+                self._block_hashes[block_id] = block_hash
+        self._num_offered[seq_id] = max(num_full_blocks, self._num_offered.get(seq_id, 0))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every registered block; sequences keep the blocks they hold."""
+        self._cached_blocks.clear()
+        self._block_hashes.clear()
+
+    def _evict(self, block_id: int) -> None:
+        block_hash = self._block_hashes.pop(block_id, None)
+        if block_hash is not None:
+            del self._cached_blocks[block_hash]

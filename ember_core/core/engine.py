@@ -44,6 +44,8 @@ class EngineStats:
     num_preemptions: int
     num_running: int
     num_waiting: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache at admission
+    prefix_cache_hits: int  # of those, the ones found there and not computed again
 
 
 class Engine:
@@ -72,6 +74,7 @@ class Engine:
             max_model_len=self.max_model_len,
             admission=config.admission,
             batching=config.batching,
+            prefix_caching=config.enable_prefix_caching,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids
@@ -128,6 +131,8 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
+            prefix_cache_queries=self.scheduler.num_prefix_queries,
+            prefix_cache_hits=self.scheduler.num_prefix_hits,
         )
 
     def step(self) -> list[RequestDelta]:
@@ -140,6 +145,7 @@ class Engine:
         results = self.runner.execute(self._chunks(decision))
         for seq, num_tokens, result in zip(decision.seqs, decision.num_scheduled_tokens, results):
             seq.num_computed_tokens += num_tokens
+            self.scheduler.cache_computed_blocks(seq)
             seq.prompt_logprobs.extend(TokenLogprob(t.logprob, t.top_logprobs) for t in result.prompt_logprobs)
             if result.sampled is not None:
                 deltas.append(self._append_token(seq, result.sampled))

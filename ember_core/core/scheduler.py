@@ -2,7 +2,8 @@
 
 Running sequences go first (oldest first), then waiting ones are admitted FIFO within the token
 budget, `max_num_seqs` and the free blocks. A prompt longer than the remaining budget is computed
-in chunks over several steps, beside the decodes of the running sequences.
+in chunks over several steps, beside the decodes of the running sequences. With prefix caching, an
+admitted sequence starts from the cached blocks of its longest cached prefix and computes the rest.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ember_core.cache.block_manager import BlockManager
+from ember_core.cache.block_manager import BlockManager, extend_block_hashes
 from ember_core.config import Admission, Batching
 from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
 
@@ -37,6 +38,7 @@ class Scheduler:
         max_model_len: int,
         admission: Admission = "preempt",
         batching: Batching = "continuous",
+        prefix_caching: bool = True,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -44,11 +46,15 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.admission = admission
         self.batching = batching
+        self.prefix_caching = prefix_caching
         self.waiting: deque[Sequence] = deque()
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
         self.num_reserved_blocks = 0
         self.num_preemptions = 0
+        # Prompt tokens looked up in the prefix cache at admission, and those found there.
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0
 
     @property
     def num_unfinished(self) -> int:
@@ -119,13 +125,19 @@ class Scheduler:
                 reservation = self.reservation_blocks(seq)
                 if self.num_reserved_blocks + reservation > self.block_manager.num_blocks:
                     break
+            cached = self._cached_prefix(seq)
             # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
-            if not self.block_manager.can_grow(seq.seq_id, seq.num_tokens):
+            if not self.block_manager.can_start(seq.num_tokens, cached):
                 break
             self.waiting.popleft()
             if self.admission == "reserve":
                 seq.reserved_blocks = reservation
                 self.num_reserved_blocks += reservation
+            if self._uses_prefix_cache(seq):
+                self.block_manager.share(seq.seq_id, cached)
+                seq.num_computed_tokens = len(cached) * self.block_manager.block_size
+                self.num_prefix_queries += seq.num_tokens
+                self.num_prefix_hits += seq.num_computed_tokens
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
             seq.status = SequenceStatus.RUNNING
@@ -133,6 +145,27 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_scheduled_tokens.append(num_tokens)
             budget -= num_tokens
+
+    def _uses_prefix_cache(self, seq: Sequence) -> bool:
+        # Scoring the prompt needs every prompt row computed.
+        return self.prefix_caching and seq.params.prompt_logprobs is None
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks of seq's longest cached prefix, leaving at least its last token to compute
+        (its logits sample the next token)."""
+        if not self._uses_prefix_cache(seq):
+            return []
+        num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
+        return self.block_manager.cached_prefix(seq.block_hashes[:num_blocks])
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Offer seq's full blocks computed by now to the prefix cache (after each step it ran in)."""
+        if not self._uses_prefix_cache(seq):
+            return
+        num_full = seq.num_computed_tokens // self.block_manager.block_size
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full)
+        self.block_manager.offer_full_blocks(seq.seq_id, seq.block_hashes, num_full)
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the KV of seq, keep its tokens, and put it at the front of the queue (recomputed later)."""

@@ -47,6 +47,8 @@ class Sequence:
     # of prompt tokens 1, 2, ... as they are scored (params.prompt_logprobs); a recompute after
     # preemption does not score them again
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # prefix hashes of its leading full blocks (prefix caching), computed as they are needed
+    block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

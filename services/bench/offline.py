@@ -156,6 +156,7 @@ def _run_ember(
     )
     engine = Engine(engine_config, loaded)
     _drain(engine, {"warmup": (prompts[0], SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0))})
+    engine.block_manager.reset_prefix_cache()  # the measured run computes every prompt
     batch = {
         f"bench-{i}": (ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
         for i, (ids, n) in enumerate(zip(prompts, max_tokens))

@@ -33,8 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
     argv = [sys.executable, "-m", "ember_engine", "--bind", bind, "--log-level", args.log_level]
     for name, value in engine_kwargs_from_args(args).items():
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None:
+            argv += [f"--{flag}", str(value)]
     return argv
 
 

@@ -209,7 +209,10 @@ class EngineWorker:
 
     def _stats(self) -> EngineStats:
         s = self.engine.stats()
-        return EngineStats(s.num_running, s.num_waiting, s.num_blocks - s.num_free_blocks, s.num_blocks, s.num_preemptions)
+        return EngineStats(
+            s.num_running, s.num_waiting, s.num_blocks - s.num_free_blocks, s.num_blocks, s.num_preemptions,
+            s.prefix_cache_queries, s.prefix_cache_hits,
+        )
 
     def _send(self, identity: bytes, message) -> None:
         if identity in self.gateways.last_sent:

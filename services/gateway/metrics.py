@@ -1,6 +1,6 @@
 """Prometheus metrics, one registry per app.
 
-Engine-wide numbers (running, waiting, KV usage, preemptions) are the engine's latest EngineStats,
+Engine-wide numbers (running, waiting, KV usage, preemptions, prefix cache) are the engine's latest EngineStats,
 exported as read; every gateway connected to an engine reports the same values. Request metrics
 count what this gateway served.
 
@@ -44,6 +44,12 @@ class _EngineStatsCollector(Collector):
         preemptions = CounterMetricFamily(
             "ember_num_preemptions", "Preemptions since the engine started.", labels=[LABEL]
         )
+        prefix_queries = CounterMetricFamily(
+            "ember_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels=[LABEL]
+        )
+        prefix_hits = CounterMetricFamily(
+            "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=[LABEL]
+        )
         snapshot = self._snapshot()
         if snapshot is not None:
             model_name, stats = snapshot
@@ -51,7 +57,9 @@ class _EngineStatsCollector(Collector):
             waiting.add_metric([model_name], stats.num_waiting)
             kv_usage.add_metric([model_name], stats.num_kv_blocks_used / max(stats.num_kv_blocks_total, 1))
             preemptions.add_metric([model_name], stats.num_preemptions)
-        yield from (running, waiting, kv_usage, preemptions)
+            prefix_queries.add_metric([model_name], stats.num_prefix_cache_queries)
+            prefix_hits.add_metric([model_name], stats.num_prefix_cache_hits)
+        yield from (running, waiting, kv_usage, preemptions, prefix_queries, prefix_hits)
 
 
 class GatewayMetrics:

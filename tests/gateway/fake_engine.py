@@ -199,7 +199,7 @@ class FakeEngine:
             self._send(gateway, StepOutputs(self._step, outputs, self._stats()))
 
     def _stats(self) -> EngineStats:
-        return EngineStats(len(self._running), 0, 2 * len(self._running), 100, 3)
+        return EngineStats(len(self._running), 0, 2 * len(self._running), 100, 3, 64, 48)
 
     def _send(self, gateway: bytes, message: object) -> None:
         assert self._socket is not None

@@ -234,6 +234,8 @@ async def test_metrics(gateway: Gateway):
         f"ember_request_queue_time_seconds_count{{{label}}} 2.0",
         f"ember_inter_token_latency_seconds_count{{{label}}} 7.0",
         f"ember_num_preemptions_total{{{label}}} 3.0",
+        f"ember_prefix_cache_queries_total{{{label}}} 64.0",
+        f"ember_prefix_cache_hits_total{{{label}}} 48.0",
         f"ember_num_requests_running{{{label}}} ",
         f"ember_num_requests_waiting{{{label}}} 0.0",
         f"ember_kv_cache_usage_perc{{{label}}} ",
