@@ -71,7 +71,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
     offline.add_argument("--compare", default="batching,admission,dtype", metavar="AXES",
                          help="comma-separated axes, each run against the baseline with only that axis switched: "
-                              "batching, admission, dtype, gguf_weights ('' for the baseline alone)")
+                              "batching, admission, dtype, gguf_weights, prefix_caching ('' for the baseline alone)")
     offline.add_argument("--concurrency", default="1,4,16", metavar="C1,C2,...",
                          help="comma-separated max_num_seqs (batch sizes) to sweep")
     offline.add_argument("--batching", choices=["continuous", "static"], default=defaults.batching, help="baseline")
@@ -79,6 +79,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32", help="baseline")
     offline.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=defaults.gguf_weights,
                          help="baseline: run GGUF blocks and 16-bit weights as stored or dequantized")
+    offline.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=defaults.enable_prefix_caching,
+                         help="baseline: reuse cached prompt prefixes within the run (never across runs)")
     offline.add_argument("--device", help="cuda, mps or cpu (default: detected)")
     offline.add_argument("--block-size", type=int, default=defaults.block_size)
     offline.add_argument("--num-blocks", type=int, help="KV pool size in blocks (overrides --kv-cache-mib)")
@@ -150,7 +152,10 @@ def _offline(args: argparse.Namespace) -> int:
 
     config = OfflineConfig(
         model=args.model,
-        settings=settings_to_compare(EngineSetting(args.batching, args.admission, args.dtype, args.gguf_weights), _names(args.compare)),
+        settings=settings_to_compare(
+            EngineSetting(args.batching, args.admission, args.dtype, args.gguf_weights, args.enable_prefix_caching),
+            _names(args.compare),
+        ),
         concurrencies=_ints(args.concurrency, "--concurrency"),
         engine_kwargs={name: getattr(args, name) for name in ENGINE_FLAGS},
         transformers=args.transformers,

@@ -23,11 +23,12 @@ from ember_core.tokenizer import Tokenizer
 from ember_bench.stats import Distribution
 from ember_bench.workload import BenchRequest, RandomPrompts, take
 
-COMPARE_AXES: dict[str, tuple[str, str]] = {
+COMPARE_AXES: dict[str, tuple[str | bool, str | bool]] = {
     "batching": ("continuous", "static"),
     "admission": ("preempt", "reserve"),
     "dtype": ("float32", "bfloat16"),
     "gguf_weights": ("blocks", "dequantized"),
+    "prefix_caching": (True, False),
 }
 WARMUP_TOKENS = 2
 
@@ -38,11 +39,13 @@ class EngineSetting:
     admission: Admission = "preempt"
     dtype: str = "float32"
     gguf_weights: GGUFWeights = "blocks"
+    prefix_caching: bool = True
 
     @property
     def label(self) -> str:
         label = f"{self.batching}/{self.admission}/{self.dtype}"
-        return label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
+        label = label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
+        return label if self.prefix_caching else f"{label}/no-prefix-cache"
 
 
 def settings_to_compare(baseline: EngineSetting, compare: list[str]) -> list[EngineSetting]:
@@ -85,6 +88,7 @@ class OfflineRun:
     request_throughput: float
     latency_ms: Distribution  # completion time of each request, from the start of the batch
     num_preemptions: int | None
+    prefix_cache_hits: int | None = None  # prompt tokens taken from the prefix cache
 
     @property
     def name(self) -> str:
@@ -152,7 +156,8 @@ def _run_ember(
 ) -> OfflineRun:
     engine_config = EngineConfig(
         model=config.model, max_num_seqs=concurrency, batching=setting.batching, admission=setting.admission,
-        dtype=setting.dtype, gguf_weights=setting.gguf_weights, **config.engine_kwargs,
+        dtype=setting.dtype, gguf_weights=setting.gguf_weights, enable_prefix_caching=setting.prefix_caching,
+        **config.engine_kwargs,
     )
     engine = Engine(engine_config, loaded)
     _drain(engine, {"warmup": (prompts[0], SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0))})
@@ -161,13 +166,14 @@ def _run_ember(
         f"bench-{i}": (ids, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
         for i, (ids, n) in enumerate(zip(prompts, max_tokens))
     }
-    preemptions_before = engine.stats().num_preemptions
+    before = engine.stats()
     start = time.perf_counter()
     latencies, output_tokens = _drain(engine, batch)
     duration_s = time.perf_counter() - start
-    return offline_run(
-        "ember", setting, concurrency, latencies, output_tokens, duration_s,
-        engine.stats().num_preemptions - preemptions_before,
+    after = engine.stats()
+    return replace(
+        offline_run("ember", setting, concurrency, latencies, output_tokens, duration_s, after.num_preemptions - before.num_preemptions),
+        prefix_cache_hits=after.prefix_cache_hits - before.prefix_cache_hits,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,19 @@ def test_each_compared_axis_is_switched_alone() -> None:
     ]
     with pytest.raises(ValueError, match="unknown --compare key 'speed'"):
         settings_to_compare(baseline, ["speed"])
+
+
+def test_prefix_caching_axis_runs_shared_prefixes_with_and_without_the_cache(gpt2_dir: Path, tmp_path: Path) -> None:
+    workload, out = tmp_path / "shared.json", tmp_path / "offline.json"
+    shared = list(range(1, 41))
+    workload.write_text(json.dumps([{"prompt": shared + [100 + i], "max_tokens": 3} for i in range(4)]))
+    code = run_bench_cli("offline", "--model", str(gpt2_dir), "--workload", str(workload), "--device", "cpu",
+                         "--block-size", "16", "--compare", "prefix_caching", "--concurrency", "1", "--output-json", str(out))
+    assert code == 0
+    runs = read_json(out)["runs"]
+    assert [run["name"] for run in runs] == [
+        "ember continuous/preempt/float32", "ember continuous/preempt/float32/no-prefix-cache",
+    ]
+    # One at a time: the first computes the 40 shared tokens, the other three find 32 of them.
+    assert [run["prefix_cache_hits"] for run in runs] == [3 * 32, 0]
+    assert [run["output_tokens"] for run in runs] == [4 * 3, 4 * 3]
