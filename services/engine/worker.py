@@ -2,12 +2,17 @@
 
 Intake never blocks a step while work is running; when idle the loop blocks on the socket (up to
 one heartbeat interval). After each step every gateway gets one StepOutputs with all its deltas.
+A gateway that went away (killed, crashed) is noticed at the next message sent to it, and its
+requests in flight are aborted: nobody would read their tokens. While a step runs, a thread keeps
+heartbeating, so a step longer than a gateway's engine timeout (a long prompt's chunk on a slow
+CPU) does not make the engine look dead; a lock serialises the two threads' use of the socket.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -64,7 +69,13 @@ class EngineWorker:
         self.engine_id = uuid.uuid4().hex
         self.context = zmq.Context()
         self.socket = make_socket(self.context, zmq.ROUTER, options.bind, bind=True)
+        # Sending to a disconnected gateway raises EHOSTUNREACH instead of dropping the message.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.gateways = _Gateways()
+        self.lost_gateways: set[bytes] = set()
+        self.socket_lock = threading.Lock()
+        self.stepping = False
+        self.stopped = threading.Event()
         self.deadlines: list[tuple[float, str]] = []
         self.step_counter = 0
         self.draining_since: float | None = None
@@ -89,6 +100,8 @@ class EngineWorker:
 
     def run(self) -> None:
         logger.info("engine %s listening on %s", self.engine_id, self.options.bind)
+        beats = threading.Thread(target=self._heartbeat_during_steps, name="heartbeats", daemon=True)
+        beats.start()
         try:
             while not (self.draining_since is not None and not self.engine.has_unfinished()):
                 busy = self.engine.has_unfinished()
@@ -98,17 +111,27 @@ class EngineWorker:
                 if self.engine.has_unfinished():
                     self._step()
                 self._heartbeat()
+                self._drop_lost_gateways()
         finally:
+            self.stopped.set()
+            beats.join()
             self.socket.close()
             self.context.term()
         logger.info("engine stopped")
 
+    def _heartbeat_during_steps(self) -> None:
+        while not self.stopped.wait(self.options.heartbeat_interval / 2):
+            if self.stepping:
+                self._heartbeat()
+
     def _receive(self, timeout_ms: int) -> None:
-        if not self.socket.poll(timeout_ms):
-            return
+        with self.socket_lock:
+            if not self.socket.poll(timeout_ms):
+                return
         while True:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                with self.socket_lock:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             if len(frames) != 2:
@@ -172,12 +195,15 @@ class EngineWorker:
             self.engine.abort(list(self.gateways.owner_of))
 
     def _step(self) -> None:
+        self.stepping = True
         try:
             deltas = self.engine.step()
         except Exception:
             logger.exception("engine step failed; failing every request in flight")
             self._fail_all("the engine failed while running this request")
             return
+        finally:
+            self.stepping = False
         self.step_counter += 1
         by_gateway: dict[bytes, list[WireDelta]] = {}
         for delta in deltas:
@@ -201,11 +227,23 @@ class EngineWorker:
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
-        due = [g for g, sent in self.gateways.last_sent.items() if now - sent >= self.options.heartbeat_interval]
+        # A copy: the other thread may add or drop gateways meanwhile.
+        due = [g for g, sent in list(self.gateways.last_sent.items()) if now - sent >= self.options.heartbeat_interval]
         if due:
             heartbeat = Heartbeat(self.engine_id, self._stats())
             for identity in due:
                 self._send(identity, heartbeat)
+
+    def _drop_lost_gateways(self) -> None:
+        with self.socket_lock:
+            lost, self.lost_gateways = self.lost_gateways, set()
+        for identity in lost:
+            self.gateways.last_sent.pop(identity, None)
+            orphans = [r for r, owner in self.gateways.owner_of.items() if owner == identity]
+            for request_id in orphans:
+                del self.gateways.owner_of[request_id]
+            self.engine.abort(orphans)
+            logger.warning("gateway %s went away; aborted its %d requests in flight", identity.decode(errors="replace"), len(orphans))
 
     def _stats(self) -> EngineStats:
         s = self.engine.stats()
@@ -217,10 +255,15 @@ class EngineWorker:
     def _send(self, identity: bytes, message) -> None:
         if identity in self.gateways.last_sent:
             self.gateways.last_sent[identity] = time.monotonic()
-        try:
-            self.socket.send_multipart([identity, encode(message)], zmq.NOBLOCK)
-        except zmq.Again:
-            logger.warning("gateway %r is not reading; dropped a %s", identity, type(message).__name__)
+        with self.socket_lock:
+            try:
+                self.socket.send_multipart([identity, encode(message)], zmq.NOBLOCK)
+            except zmq.Again:
+                logger.warning("gateway %r is not reading; dropped a %s", identity, type(message).__name__)
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.lost_gateways.add(identity)
 
 
 def _to_wire(delta: RequestDelta) -> WireDelta:

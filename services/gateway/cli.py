@@ -46,7 +46,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine-timeout", type=float, default=env("EMBER_ENGINE_TIMEOUT", "30"),
-        help="seconds of engine silence before it counts as gone; must exceed the longest engine step (EMBER_ENGINE_TIMEOUT)",
+        help="seconds of engine silence before it counts as gone (a hung engine; it heartbeats during long steps) (EMBER_ENGINE_TIMEOUT)",
     )
     parser.add_argument(
         "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),

@@ -18,9 +18,9 @@ class GatewayConfig:
     request_timeout: float | None = None  # seconds from arrival; None: no limit
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     model_name: str | None = None  # served model name; None: the engine's model id
-    # Silence after which a connected engine counts as gone. The engine heartbeats between steps,
-    # so this must exceed the longest step (a big prefill on CPU); a killed engine is noticed at
-    # once through the socket's disconnect event instead.
+    # Silence after which a connected engine counts as gone: a hung or stopped engine. It heartbeats
+    # between steps and, from a thread, during long ones; a killed engine is noticed at once
+    # through the socket's disconnect event instead.
     engine_timeout: float = 30.0
     # Origins browsers may call the API from (CORS); "*": any, empty: no CORS headers.
     allowed_origins: tuple[str, ...] = ("*",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import uuid
 
@@ -28,7 +29,7 @@ from ember_proto import (
     make_socket,
 )
 from tests.conftest import token_prompts
-from tests.processes import engine_argv, free_port, spawned, stop_process
+from tests.processes import engine_argv, free_port, spawned, stop_process, wait_until
 
 NUM_BLOCKS = 64
 
@@ -222,3 +223,57 @@ def test_sigterm_stops_admitting_aborts_in_flight_after_the_timeout_and_exits_0(
         assert results["new"]["rejected"].code is RejectCode.UNAVAILABLE
         assert results["inflight"]["finish"] in (WireFinishReason.ABORT, WireFinishReason.LENGTH)
         assert stop_process(process) == 0
+
+
+def test_a_gateway_that_goes_away_has_its_requests_aborted(gpt2_dir, tmp_path, context) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log = tmp_path / "engine.log"
+    argv = engine_argv(gpt2_dir, address, "--num-blocks", "256", "--block-size", "4", "--heartbeat-interval", "0.2")
+    with spawned(argv, log):
+        watcher = Client(context, address)
+        gone = Client(context, address)
+        for i in range(4):
+            gone.generate(f"orphan{i}", [1, 2, 3 + i], max_tokens=250, temperature=0, ignore_eos=True)
+        gone.expect(StepOutputs)
+        gone.socket.close(linger=0)  # as a killed gateway: no Abort is ever sent
+        wait_until(lambda: "went away; aborted its 4 requests in flight" in log.read_text(), 30, "the abort")
+        assert watcher.expect(Heartbeat, timeout=5).stats.num_running == 0
+        # The engine keeps serving the gateways still there.
+        watcher.generate("after", [1, 2, 3], max_tokens=3, temperature=0)
+        results, _ = watcher.collect({"after"})
+        assert len(results["after"]["tokens"]) == 3
+
+
+def test_heartbeats_keep_flowing_during_a_step_longer_than_the_interval(gpt2_dir, context, monkeypatch) -> None:
+    """A long step (a long prompt's chunk on a slow CPU) must not look like a dead engine to the
+    gateways; the step's length is played by a sleep, which releases the GIL as torch's kernels do."""
+    from ember_core import LLM
+    from ember_engine.worker import EngineWorker, WorkerOptions
+
+    engine = LLM(str(gpt2_dir), device="cpu", dtype="float32", num_blocks=64, block_size=4).engine
+    real_step = engine.step
+
+    def slow_step():
+        time.sleep(1.2)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    worker = EngineWorker(engine, "tiny", WorkerOptions(address, heartbeat_interval=0.2))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        client = Client(context, address)
+        client.generate("slow", [1, 2, 3], max_tokens=2, temperature=0, ignore_eos=True)
+        arrivals, done = [time.monotonic()], False
+        while not done:
+            message = client.recv(timeout=10)
+            arrivals.append(time.monotonic())
+            done = isinstance(message, StepOutputs) and message.outputs[-1].finish_reason is not None
+        gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
+        assert arrivals[-1] - arrivals[0] > 2.4  # two slow steps
+        assert max(gaps) < 0.8, gaps
+    finally:
+        worker.request_shutdown()
+        thread.join(timeout=30)
+    assert not thread.is_alive()
