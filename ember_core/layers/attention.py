@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import BlockMask
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.flex_decode import flex_decode_attention
+from ember_core.layers.linear import SMALL_BATCH_ROWS
 
 
 @dataclass
@@ -121,15 +123,20 @@ def paged_attention(
         keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
         values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
         q = query[p.token_start : p.token_start + p.num_tokens].transpose(0, 1)  # [heads, n, d]
-        offset = p.context_len - p.num_tokens
-        if offset == 0:
+        long_chunk = p.num_tokens > SMALL_BATCH_ROWS
+        if long_chunk:
+            # With a batch dimension SDPA takes its flash kernel on CPU: 3-4x faster at long contexts,
+            # but its bits depend on the chunk's length. Chunks within the small-batch kernels' rows
+            # keep the path that materialises the scores, so steps within them keep every row's bits.
+            q, keys, values = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
+        if p.context_len == p.num_tokens:
             attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            # Query i sits at position offset + i and sees keys 0..offset + i.
-            rows = torch.arange(p.num_tokens, device=query.device).unsqueeze(1) + offset
-            mask = torch.arange(p.context_len, device=query.device).unsqueeze(0) <= rows
+            # Query i sits at position context_len - num_tokens + i and sees the keys up to it: a
+            # causal mask aligned to the lower right, which the flash kernel applies without building it.
+            mask = causal_lower_right(p.num_tokens, p.context_len)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[p.token_start : p.token_start + p.num_tokens] = attn.transpose(0, 1)
+        out[p.token_start : p.token_start + p.num_tokens] = (attn[0] if long_chunk else attn).transpose(0, 1)
     return out
 
 
