@@ -86,15 +86,17 @@ async def _errors_middleware(request: web.Request, handler: web.Handler) -> web.
 
 
 def _auth_middleware(api_key: str | None) -> web.Middleware:
-    expected = f"Bearer {api_key}".encode() if api_key else None
+    expected = api_key.encode() if api_key else None
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: web.Handler) -> web.StreamResponse:
         if expected is not None and request.path not in _OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+            # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
                 raise ApiError(
-                    401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key"
+                    401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
                 )
         return await handler(request)
 

@@ -188,13 +188,14 @@ async def test_body_over_the_limit_gets_413(fake_engine: FakeEngine, start_gatew
 async def test_api_key(fake_engine: FakeEngine, start_gateway: StartGateway):
     gateway = await start_gateway(fake_engine, api_key="sekret")
     good = {"model": "fake-model", "prompt": "x", "max_tokens": 1}
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}, {"Authorization": "Basic sekret"}):
         status, body = await gateway.post(COMPLETIONS, good, headers=headers)
         assert_openai_error(status, body, 401)
     async with gateway.http.get("/v1/models") as response:
-        assert response.status == 401
-    status, _ = await gateway.post(COMPLETIONS, good, headers={"Authorization": "Bearer sekret"})
-    assert status == 200
+        assert response.status == 401 and response.headers["WWW-Authenticate"] == "Bearer"
+    for scheme in ("Bearer", "bearer", "BEARER"):  # case-insensitive, as RFC 9110 says
+        status, _ = await gateway.post(COMPLETIONS, good, headers={"Authorization": f"{scheme} sekret"})
+        assert status == 200
     for open_path in ("/health", "/metrics"):
         async with gateway.http.get(open_path) as response:
             assert response.status == 200
