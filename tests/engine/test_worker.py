@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
@@ -270,7 +271,7 @@ def test_heartbeats_keep_flowing_during_a_step_longer_than_the_interval(gpt2_dir
             message = client.recv(timeout=10)
             arrivals.append(time.monotonic())
             done = isinstance(message, StepOutputs) and message.outputs[-1].finish_reason is not None
-        gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:])]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
         assert arrivals[-1] - arrivals[0] > 2.4  # two slow steps
         assert max(gaps) < 0.8, gaps
     finally:
