@@ -127,13 +127,13 @@ class Scheduler:
                     break
             cached = self._cached_prefix(seq)
             # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
-            if not self.block_manager.can_start(seq.num_tokens, cached):
+            if not self.block_manager.can_start(seq.num_tokens, cached or []):
                 break
             self.waiting.popleft()
             if self.admission == "reserve":
                 seq.reserved_blocks = reservation
                 self.num_reserved_blocks += reservation
-            if self._uses_prefix_cache(seq):
+            if cached is not None:
                 self.block_manager.share(seq.seq_id, cached)
                 seq.num_computed_tokens = len(cached) * self.block_manager.block_size
                 self.num_prefix_queries += seq.num_tokens
@@ -150,11 +150,11 @@ class Scheduler:
         # Scoring the prompt needs every prompt row computed.
         return self.prefix_caching and seq.params.prompt_logprobs is None
 
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
+    def _cached_prefix(self, seq: Sequence) -> list[int] | None:
         """Cached blocks of seq's longest cached prefix, leaving at least its last token to compute
-        (its logits sample the next token)."""
+        (its logits sample the next token); None when seq does not use the prefix cache."""
         if not self._uses_prefix_cache(seq):
-            return []
+            return None
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
         return self.block_manager.cached_prefix(seq.block_hashes[:num_blocks])
