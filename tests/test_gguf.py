@@ -20,6 +20,7 @@ from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
 from ember_core.models.llama import Llama
 from ember_core.models.rotary import apply_rope, rope_cos_sin
+from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from ember_core.tokenizer import Tokenizer
@@ -162,6 +163,12 @@ def test_logits_match_transformers(llm: LLM, reference: transformers.LlamaForCau
     for prompt in _prompt_ids(llm.tokenizer):
         expected = reference_logits(reference, prompt)
         torch.testing.assert_close(ember_prompt_logits(llm, prompt), expected, rtol=0, atol=1e-3)
+
+
+def test_context_cost_of_smollm2_counts_each_projection_once(llm: LLM) -> None:
+    heads, head_dim, kv_heads, hidden, inner = 9, 64, 3, 576, 1536
+    linears = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inner
+    assert context_cost_per_position(llm.engine.runner.model) == pytest.approx(2 * heads * head_dim / linears)
 
 
 def test_smollm2_runs_from_its_blocks_with_the_dequantized_weights_outputs(llm: LLM, smollm2_path: Path) -> None:
@@ -495,6 +502,7 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
         if keep_blocks:
             assert [part.kind for part in layer.mlp.gate_up_proj.parts] == [Q.F16, Q.Q4_1]
         assert not isinstance(model.lm_head, GGUFBlockLinear)  # F16 alone: keep_16_bit_weights' job
+    assert context_cost_per_position(models[True]) == context_cost_per_position(models[False])  # stacked parts count once
 
 
 def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[bool, Llama]:

@@ -67,6 +67,57 @@ def test_token_budget_chunks_a_long_prompt_and_decodes_go_first() -> None:
     assert out.num_scheduled_tokens == [1, 9]  # decode first, then a 9-token chunk of the prompt
 
 
+def test_prompt_chunks_shrink_as_their_context_grows() -> None:
+    # Each prompt token costs 1 + 0.01 per position computed before its chunk.
+    s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01)
+    seq = make_seq(300)
+    s.add(seq)
+    chunks = [out.num_scheduled_tokens[0] for out in run_to_completion(s)]
+    # At 0, 100, 150 and 190 computed positions: 100 / 1, 100 / 2, 100 / 2.5, int(100 / 2.9) tokens.
+    assert chunks[:4] == [100, 50, 40, 34]
+    assert sum(chunks[:-7]) == 300 and chunks[-7:] == [1] * 7  # then the 7 decodes after the first token
+
+
+def test_context_cost_is_charged_against_the_budget_other_prompts_get() -> None:
+    s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01)
+    first, second = make_seq(300), make_seq(300)
+    s.add(first)
+    run_step(s)
+    s.add(second)
+    out = s.schedule()
+    # The first prompt's 50-token chunk at 100 positions costs the whole budget: none left to admit.
+    assert out.seqs == [first] and out.num_scheduled_tokens == [50]
+    s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01)
+    first, second = make_seq(130), make_seq(300)
+    s.add(first)
+    run_step(s)
+    s.add(second)
+    out = s.schedule()
+    # 30 tokens at 100 positions cost 60; the new prompt starts at position 0 with the other 40.
+    assert out.seqs == [first, second] and out.num_scheduled_tokens == [30, 40]
+
+
+def test_decodes_cost_one_token_whatever_their_context() -> None:
+    s = make_scheduler(512, max_num_batched_tokens=480, context_cost=0.01, max_num_seqs=8)
+    seqs = [make_seq(60, max_tokens=100) for _ in range(8)]
+    for seq in seqs:
+        s.add(seq)
+    run_step(s)  # all 8 prompts at position 0, 60 tokens each
+    s.max_num_batched_tokens = 8
+    out = s.schedule()
+    # Past 60 positions a prompt token costs 1.6; a decode costs 1, so all 8 fit a budget of 8.
+    assert out.seqs == seqs and out.num_scheduled_tokens == [1] * 8
+
+
+def test_a_prompt_chunk_gets_one_token_when_its_context_outweighs_what_is_left() -> None:
+    s = make_scheduler(max_num_batched_tokens=4, context_cost=0.5, max_num_seqs=2)
+    seq = make_seq(12)
+    s.add(seq)
+    chunks = [out.num_scheduled_tokens[0] for out in run_to_completion(s)]
+    # 4 tokens at position 0, then every token of the rest costs more than the budget: one per step.
+    assert chunks[0] == 4 and chunks[1:9] == [1] * 8
+
+
 def test_admission_stops_when_the_whole_prompt_does_not_fit_in_free_blocks() -> None:
     s = make_scheduler(num_blocks=4, block_size=4)
     first, second = make_seq(12), make_seq(8)

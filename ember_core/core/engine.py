@@ -14,6 +14,7 @@ from ember_core.core.scheduler import Scheduler, SchedulerOutput
 from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
 from ember_core.device import resolve_device, resolve_dtype
 from ember_core.loaders import LoadedModel, load_model
+from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
@@ -75,6 +76,7 @@ class Engine:
             admission=config.admission,
             batching=config.batching,
             prefix_caching=config.enable_prefix_caching,
+            context_cost=context_cost_per_position(model),
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids

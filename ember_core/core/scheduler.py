@@ -2,12 +2,15 @@
 
 Running sequences go first (oldest first), then waiting ones are admitted FIFO within the token
 budget, `max_num_seqs` and the free blocks. A prompt longer than the remaining budget is computed
-in chunks over several steps, beside the decodes of the running sequences. With prefix caching, an
-admitted sequence starts from the cached blocks of its longest cached prefix and computes the rest.
+in chunks over several steps, beside the decodes of the running sequences. A chunk's tokens are
+charged for their attention over the context before them, so at long context chunks shrink and a
+step's compute stays near the budget's. With prefix caching, an admitted sequence starts from the
+cached blocks of its longest cached prefix and computes the rest.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -39,6 +42,7 @@ class Scheduler:
         admission: Admission = "preempt",
         batching: Batching = "continuous",
         prefix_caching: bool = True,
+        context_cost: float = 0.0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -47,6 +51,8 @@ class Scheduler:
         self.admission = admission
         self.batching = batching
         self.prefix_caching = prefix_caching
+        # Budget a prompt token costs per position before it (see runner/context_cost.py).
+        self.context_cost = context_cost
         self.waiting: deque[Sequence] = deque()
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
@@ -93,12 +99,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_tokens, cost = self._next_chunk(seq, budget)
             if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
                 self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
                 out.seqs.append(seq)
                 out.num_scheduled_tokens.append(num_tokens)
-                budget -= num_tokens
+                budget -= cost
         if not out.preempted and (self.batching == "continuous" or not self.running):
             self._admit(budget, out)
         return out
@@ -138,13 +144,23 @@ class Scheduler:
                 seq.num_computed_tokens = len(cached) * self.block_manager.block_size
                 self.num_prefix_queries += seq.num_tokens
                 self.num_prefix_hits += seq.num_computed_tokens
-            num_tokens = min(seq.num_uncomputed_tokens, budget)
+            num_tokens, cost = self._next_chunk(seq, budget)
             self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running[seq.seq_id] = seq
             out.seqs.append(seq)
             out.num_scheduled_tokens.append(num_tokens)
-            budget -= num_tokens
+            budget -= cost
+
+    def _next_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """(tokens, budget spent) of seq's next chunk, at least one token. Each token of a prompt
+        chunk costs 1 + context_cost x the positions computed before the chunk; a decode costs 1, so
+        running streams are never pushed out by their own context."""
+        if seq.num_uncomputed_tokens == 1:
+            return 1, 1
+        per_token = 1 + self.context_cost * seq.num_computed_tokens
+        num_tokens = max(1, min(seq.num_uncomputed_tokens, int(budget / per_token)))
+        return num_tokens, min(budget, math.ceil(num_tokens * per_token))
 
     def _uses_prefix_cache(self, seq: Sequence) -> bool:
         # Scoring the prompt needs every prompt row computed.
