@@ -118,6 +118,15 @@ def test_a_prompt_chunk_gets_one_token_when_its_context_outweighs_what_is_left()
     assert chunks[0] == 4 and chunks[1:9] == [1] * 8
 
 
+def test_the_context_charge_shrinks_no_chunk_below_the_minimum() -> None:
+    s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01, min_chunk_tokens=60)
+    seq = make_seq(300)
+    s.add(seq)
+    chunks = [out.num_scheduled_tokens[0] for out in run_to_completion(s)]
+    # 100, then 50 by the charge alone, raised to 60; the rest of the prompt, 20, is below the minimum.
+    assert chunks[:5] == [100, 60, 60, 60, 20]
+
+
 def test_admission_stops_when_the_whole_prompt_does_not_fit_in_free_blocks() -> None:
     s = make_scheduler(num_blocks=4, block_size=4)
     first, second = make_seq(12), make_seq(8)

@@ -13,6 +13,7 @@ from ember_core.config import EngineConfig
 from ember_core.core.scheduler import Scheduler, SchedulerOutput
 from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
 from ember_core.device import resolve_device, resolve_dtype
+from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
@@ -77,6 +78,9 @@ class Engine:
             batching=config.batching,
             prefix_caching=config.enable_prefix_caching,
             context_cost=context_cost_per_position(model),
+            # Chunks of up to SMALL_BATCH_ROWS tokens attend through the exact path that materialises
+            # the scores, ~2x slower per position at long context than the flash kernel longer ones take.
+            min_chunk_tokens=SMALL_BATCH_ROWS + 1,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids

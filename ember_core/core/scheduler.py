@@ -43,6 +43,7 @@ class Scheduler:
         batching: Batching = "continuous",
         prefix_caching: bool = True,
         context_cost: float = 0.0,
+        min_chunk_tokens: int = 1,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -53,6 +54,8 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         # Budget a prompt token costs per position before it (see runner/context_cost.py).
         self.context_cost = context_cost
+        # The context charge shrinks no chunk below this (the budget and the prompt's rest still do).
+        self.min_chunk_tokens = min_chunk_tokens
         self.waiting: deque[Sequence] = deque()
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
@@ -153,13 +156,14 @@ class Scheduler:
             budget -= cost
 
     def _next_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
-        """(tokens, budget spent) of seq's next chunk, at least one token. Each token of a prompt
-        chunk costs 1 + context_cost x the positions computed before the chunk; a decode costs 1, so
-        running streams are never pushed out by their own context."""
+        """(tokens, budget spent) of seq's next chunk. Each token of a prompt chunk costs
+        1 + context_cost x the positions computed before the chunk; a decode costs 1, so running
+        streams are never pushed out by their own context."""
         if seq.num_uncomputed_tokens == 1:
             return 1, 1
         per_token = 1 + self.context_cost * seq.num_computed_tokens
-        num_tokens = max(1, min(seq.num_uncomputed_tokens, int(budget / per_token)))
+        floor = min(seq.num_uncomputed_tokens, budget, self.min_chunk_tokens)
+        num_tokens = max(floor, min(seq.num_uncomputed_tokens, int(budget / per_token)))
         return num_tokens, min(budget, math.ceil(num_tokens * per_token))
 
     def _uses_prefix_cache(self, seq: Sequence) -> bool:
