@@ -9,8 +9,9 @@ from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.core.engine import Engine, EngineStats
-from ember_core.core.sequence import TokenLogprob
+from ember_core.core.sequence import FinishReason, TokenLogprob
 from ember_core.sampling_params import SamplingParams
+from ember_core.tokenizer import OutputText, StopRules
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 
@@ -63,10 +64,13 @@ class LLM:
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
         outputs: dict[str, RequestOutput] = {}
+        texts: dict[str, OutputText] = {}
         try:
             for i, (prompt, p) in enumerate(zip(prompts, param_list)):
                 request_id = f"offline-{id(outputs)}-{i}"
                 prompt_ids = self._prompt_ids(prompt)
+                if p.stop and self.tokenizer is None:
+                    raise ValueError("stop strings need a tokenizer and this model has none; use stop_token_ids")
                 outputs[request_id] = RequestOutput(
                     request_id,
                     prompt if isinstance(prompt, str) else None,
@@ -74,8 +78,9 @@ class LLM:
                     logprobs=[] if p.logprobs is not None else None,
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
                 )
+                texts[request_id] = OutputText(self.tokenizer, StopRules(p.stop, p.min_tokens, p.include_stop_str_in_output))
                 self.engine.add_request(request_id, prompt_ids, p)
-            self._run(outputs, use_tqdm if use_tqdm is not None else len(outputs) >= PROGRESS_BAR_MIN_PROMPTS)
+            self._run(outputs, texts, use_tqdm if use_tqdm is not None else len(outputs) >= PROGRESS_BAR_MIN_PROMPTS)
         except BaseException:
             self.engine.abort(list(outputs))
             while self.engine.has_unfinished():
@@ -83,18 +88,27 @@ class LLM:
             raise
         return list(outputs.values())
 
-    def _run(self, outputs: dict[str, RequestOutput], show_progress: bool) -> None:
+    def _run(self, outputs: dict[str, RequestOutput], texts: dict[str, OutputText], show_progress: bool) -> None:
         with tqdm(total=len(outputs), desc="generate", unit="req", disable=not show_progress) as bar:
             while self.engine.has_unfinished():
                 for delta in self.engine.step():
                     out = outputs[delta.request_id]
+                    if out.finish_reason is not None:
+                        continue  # the abort of an output a stop string ended
                     out.token_ids.extend(delta.new_token_ids)
                     if out.logprobs is not None:
                         out.logprobs.extend(delta.new_logprobs)
                     if out.prompt_logprobs is not None:
                         out.prompt_logprobs.extend(delta.prompt_logprobs)
-                    if delta.finish_reason is not None:
+                    final = delta.finish_reason is not None
+                    match = texts[delta.request_id].push(
+                        delta.new_token_ids, final, stop_token=delta.finish_reason is FinishReason.STOP
+                    )
+                    out.text += match.text
+                    if match.stopped:
+                        self.engine.abort([delta.request_id])
+                        out.finish_reason = FinishReason.STOP.label
+                    elif final:
                         out.finish_reason = delta.finish_reason.label
-                        if self.tokenizer is not None:
-                            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+                    if out.finish_reason is not None:
                         bar.update(1)

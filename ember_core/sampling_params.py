@@ -16,6 +16,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    # Text that ends the output (LLM.generate; the gateway applies a request's `stop` itself). The
+    # output's text stops before it, and before the text of the stop token that ended the output,
+    # unless include_stop_str_in_output. Stop strings count only from min_tokens tokens on.
+    stop: str | tuple[str, ...] | list[str] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -55,6 +60,10 @@ class SamplingParams:
         if any(not isinstance(token, int) or not -100 <= bias <= 100 for token, bias in (self.logit_bias or {}).items()):
             raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {self.logit_bias!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if any(not isinstance(text, str) or not text for text in stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
 
     @property
     def needs_token_history(self) -> bool:

@@ -7,8 +7,9 @@ from ember_core.tokenizer.tokenizer import Tokenizer
 
 
 class IncrementalDetokenizer:
-    """push() returns the text completed by new tokens; flush() the rest at the end. The deltas
-    concatenate to tokenizer.decode(all_ids, skip_special_tokens)."""
+    """push() returns the text completed by new tokens. The deltas concatenate to
+    tokenizer.decode(all_ids, skip_special_tokens), less an unfinished character at the end (an
+    output cut off mid-character), which never becomes text, as in vLLM."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
@@ -18,6 +19,3 @@ class IncrementalDetokenizer:
 
     def push(self, token_ids: Sequence[int]) -> str:
         return self._utf8.decode(self._tokenizer.decode_bytes(token_ids, self._skip_special_tokens))
-
-    def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)

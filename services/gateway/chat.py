@@ -13,7 +13,7 @@ from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoiceUpdate, TokenLogprob
 from ember_gateway.logprobs import chat_logprobs
-from ember_gateway.plans import build_plans, stop_strings
+from ember_gateway.plans import build_plans, stop_rules
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import ChatCompletionRequest, ChatMessage
 
@@ -40,7 +40,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         request_id=f"chatcmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
         plans=plans,
-        stop_strings=stop_strings(body, model),
+        stop_rules=stop_rules(body, model),
         stream=bool(body.stream),
         include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
         prompt_tokens=len(prompt_ids),

@@ -12,7 +12,7 @@ from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoiceUpdate, TokenLogprob
 from ember_gateway.logprobs import TextOffsets, completion_logprobs, echoed_prompt_logprobs
-from ember_gateway.plans import build_plans, stop_strings
+from ember_gateway.plans import build_plans, stop_rules
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import CompletionRequest
 
@@ -48,7 +48,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         request_id=f"cmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
         plans=plans,
-        stop_strings=stop_strings(body, model),
+        stop_rules=stop_rules(body, model),
         stream=bool(body.stream),
         include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
         prompt_tokens=sum(map(len, prompt_ids)),

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from ember_gateway.choice_text import ChoiceText
+from ember_core.tokenizer import OutputText, StopRules
 from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.metrics import GatewayMetrics
@@ -55,7 +55,7 @@ class ChoiceUpdate:
 class _Choice:
     request_id: str
     prompt_length: int
-    text: ChoiceText
+    text: OutputText
     num_tokens: int = 0
     last_token_at: float | None = None
     finished: bool = False
@@ -71,7 +71,7 @@ class Generation:
         request_id: str,
         arrived_at: float,
         plans: list[ChoicePlan],
-        stop_strings: list[str],
+        stop_rules: StopRules,
         timeout: float | None,
         max_pending: int,
     ) -> None:
@@ -84,7 +84,7 @@ class Generation:
         self._arrived_at = arrived_at  # time.monotonic() when the HTTP request arrived
         self._deadline = None if timeout is None else self._arrived_at + timeout
         self._choices = [
-            _Choice(f"{request_id}-{index}", len(plan.prompt_ids), ChoiceText(model.tokenizer, stop_strings))
+            _Choice(f"{request_id}-{index}", len(plan.prompt_ids), OutputText(model.tokenizer, stop_rules))
             for index, plan in enumerate(plans)
         ]
         self._num_unfinished = len(plans)
@@ -154,7 +154,7 @@ class Generation:
         choice = self._choices[index]
         token_ids = delta.new_token_ids
         final = delta.finish_reason is not None
-        match = choice.text.push(token_ids, final)
+        match = choice.text.push(token_ids, final, stop_token=delta.finish_reason == WireFinishReason.STOP)
         if match.stopped:
             finish_reason: str | None = "stop"
             self._client.release([choice.request_id])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ember_core.tokenizer import StopRules
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoicePlan
@@ -11,13 +12,13 @@ from ember_proto import SamplingOptions
 _SEED_SPACE = 2**63
 
 
-def stop_strings(body: GenerationRequest, model: ServedModel) -> list[str]:
+def stop_rules(body: GenerationRequest, model: ServedModel) -> StopRules:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if "" in stops:
         raise ApiError(400, "stop strings must not be empty", param="stop")
     if stops and model.tokenizer is None:
         raise ApiError(400, "stop strings need a tokenizer and this model has none; use stop_token_ids", param="stop")
-    return stops
+    return StopRules(tuple(stops), body.min_tokens, body.include_stop_str_in_output)
 
 
 def build_plans(
@@ -42,6 +43,7 @@ def build_plans(
         if not prompt:
             raise ApiError(400, "the prompt must not be empty", param=prompt_param)
         _check_token_ids(prompt, vocab_size, prompt_param)
+        _check_tokenizer_has(prompt, model, prompt_param)
         completion_tokens = _completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param)
         if body.min_tokens > completion_tokens:
             message = f"min_tokens ({body.min_tokens}) is larger than max_tokens ({completion_tokens})"
@@ -82,6 +84,16 @@ def _check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
     bad = next((token_id for token_id in token_ids if not 0 <= token_id < vocab_size), None)
     if bad is not None:
         raise ApiError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=param)
+
+
+def _check_tokenizer_has(token_ids: list[int], model: ServedModel, param: str) -> None:
+    """Prompt ids must be tokens (as in vLLM): a model's vocabulary is often padded past its tokenizer's."""
+    if model.tokenizer is None:
+        return
+    try:
+        model.tokenizer.decode_bytes(token_ids)
+    except ValueError as exc:
+        raise ApiError(400, f"prompt token ids must be tokens of this model's tokenizer: {exc}", param=param) from None
 
 
 def _completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len: int, prompt_param: str) -> int:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
+from ember_core.tokenizer import StopRules
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
 from ember_gateway.generation import ChoicePlan, ChoiceUpdate, Generation, TokenLogprob
@@ -58,7 +59,11 @@ class ResponseFormat(Protocol):
 async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, ServedModel, Body]:
     state = request.app[STATE]
     model = state.require_model()
-    body = decode_body(await request.read(), body_type)
+    try:
+        raw = await request.read()
+    except web.RequestPayloadError as exc:  # e.g. a body that is not what its Content-Encoding says
+        raise ApiError(400, f"the request body could not be read: {exc.__cause__ or exc}") from None
+    body = decode_body(raw, body_type)
     if body.model != model.name:
         raise ApiError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
     return state, model, body
@@ -73,7 +78,7 @@ async def respond(
     request_id: str,
     arrived_at: float,
     plans: list[ChoicePlan],
-    stop_strings: list[str],
+    stop_rules: StopRules,
     stream: bool,
     include_usage: bool,
     prompt_tokens: int,
@@ -85,7 +90,7 @@ async def respond(
         request_id=request_id,
         arrived_at=arrived_at,
         plans=plans,
-        stop_strings=stop_strings,
+        stop_rules=stop_rules,
         timeout=state.config.request_timeout,
         max_pending=state.config.max_pending,
     )

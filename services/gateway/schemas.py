@@ -45,6 +45,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Meta(ge=0)] = 0
     stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or stop token's text
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
     presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
@@ -53,6 +54,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     # not implemented: only their no-op values pass `reject_unsupported_values`
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None  # the legacy tool_choice
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
@@ -110,11 +112,14 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
             400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",
             param="response_format",
         )
-    if body.tool_choice not in (None, "none", "auto"):
-        raise ApiError(
-            400, "ember does not call tools: tool_choice must be \"none\" or \"auto\" (the model answers in text)",
-            param="tool_choice",
-        )
+    for name in ("tool_choice", "function_call"):
+        if getattr(body, name) not in (None, "none", "auto"):
+            raise ApiError(
+                400, f"ember does not call tools: {name} must be \"none\" or \"auto\" (the model answers in text)",
+                param=name,
+            )
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options can only be given with stream: true", param="stream_options")
     if body.max_tokens == 0 and not (isinstance(body, CompletionRequest) and body.echo):
         raise ApiError(400, "max_tokens must be >= 1 (0 is for scoring a prompt with echo)", param="max_tokens")
     if isinstance(body, CompletionRequest):

@@ -114,10 +114,27 @@ async def test_stop_string_across_tokens_aborts_the_engine_request(gateway: Gate
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_stop_token_ids_end_with_stop(gateway: Gateway, fake_engine: FakeEngine):
+async def test_stop_token_ids_end_with_stop_and_leave_out_the_stop_token_text(gateway: Gateway, fake_engine: FakeEngine):
     comma = fake_engine.tokenizer.encode(",")[0]
     _, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop_token_ids=[comma]))
-    assert body["choices"][0] == {"index": 0, "text": "Hello,", "logprobs": None, "finish_reason": "stop"}
+    assert body["choices"][0] == {"index": 0, "text": "Hello", "logprobs": None, "finish_reason": "stop"}
+    assert body["usage"]["completion_tokens"] == len("Hello,")
+    events = await gateway.stream("/v1/completions", completion(max_tokens=40, stop_token_ids=[comma], stream=True))
+    assert streamed_text(events) == {0: "Hello"}
+    request = completion(max_tokens=40, stop_token_ids=[comma], include_stop_str_in_output=True)
+    _, body = await gateway.post("/v1/completions", request)
+    assert body["choices"][0]["text"] == "Hello,"
+
+
+async def test_include_stop_str_in_output_keeps_the_stop_string(gateway: Gateway, fake_engine: FakeEngine):
+    _, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop=["world"], include_stop_str_in_output=True))
+    assert body["choices"][0]["text"] == "Hello, world" and body["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_min_tokens_holds_back_stop_strings(gateway: Gateway, fake_engine: FakeEngine):
+    # The fake engine writes "Hello, world! ...", one byte per token: the "l" of token 3 is too early.
+    _, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop=["l"], min_tokens=4))
+    assert body["choices"][0]["text"] == "Hel" and body["usage"]["completion_tokens"] == 4
 
 
 async def test_n_and_prompt_lists_index_choices_and_derive_seeds(gateway: Gateway, fake_engine: FakeEngine):

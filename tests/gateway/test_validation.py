@@ -1,5 +1,6 @@
 """Malformed requests: each gets the right 4xx with an OpenAI error body, and the gateway keeps serving."""
 
+import gzip
 import json
 from typing import Any
 
@@ -100,10 +101,14 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(logit_bias={"50": -101}), 400, "logit_bias[...]"),
     (CHAT, chat(logit_bias={"fifty": 1}), 400, "logit_bias"),
     (COMPLETIONS, completion(logit_bias={"300": 1}), 400, "logit_bias"),  # outside the fake vocabulary
+    (COMPLETIONS, completion(prompt=[72, 280]), 400, "prompt"),  # in the model's 300 ids, not the tokenizer's 259
+    (COMPLETIONS, completion(prompt=[72, 280], echo=True), 400, "prompt"),
+    (COMPLETIONS, completion(stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     # OpenAI fields ember does not implement, at values that would change the output
     (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
+    (CHAT, chat(function_call={"name": "f"}), 400, "function_call"),
     (COMPLETIONS, completion(best_of=3), 400, "best_of"),
     (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
 ]
@@ -175,6 +180,16 @@ async def test_unknown_route_and_wrong_method_get_json_errors(gateway: Gateway):
     async with gateway.http.get(COMPLETIONS) as response:
         assert_openai_error(response.status, await response.json(), 405)
         assert response.headers["Allow"] == "POST"
+
+
+async def test_compressed_bodies_are_read_and_a_body_that_is_not_what_its_encoding_says_gets_400(gateway: Gateway):
+    request = raw({"model": "fake-model", "prompt": "hello", "max_tokens": 3})
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with gateway.http.post(COMPLETIONS, data=gzip.compress(request), headers=headers) as response:
+        assert response.status == 200 and (await response.json())["choices"][0]["text"] == "Hel"
+    async with gateway.http.post(COMPLETIONS, data=request, headers=headers) as response:
+        error = assert_openai_error(response.status, await response.json(), 400)
+    assert error["message"].startswith("the request body could not be read")
 
 
 async def test_body_over_the_limit_gets_413(fake_engine: FakeEngine, start_gateway: StartGateway):

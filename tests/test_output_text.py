@@ -1,14 +1,13 @@
 import pytest
 
-from ember_core.tokenizer import Tokenizer
-from ember_gateway.choice_text import ChoiceText
-from ember_gateway.stop_strings import StopMatch, StopStringMatcher
+from ember_core.tokenizer import OutputText, StopRules, Tokenizer
+from ember_core.tokenizer.stop_strings import StopMatch, StopStringMatcher
 from tests.gateway.fake_engine import byte_tokenizer_spec
 
 
-def feed(stops: list[str], pieces: list[str]) -> tuple[list[str], bool, str]:
+def feed(stops: list[str], pieces: list[str], include_stop: bool = False) -> tuple[list[str], bool, str]:
     """Per-push output, whether a stop hit, and the text held at the end (flushed)."""
-    matcher = StopStringMatcher(stops)
+    matcher = StopStringMatcher(stops, include_stop)
     outputs = []
     for piece in pieces:
         match = matcher.push(piece)
@@ -24,6 +23,11 @@ def test_no_stop_strings_passes_text_through():
 
 def test_stop_inside_one_piece_cuts_before_it():
     assert feed(["STOP"], ["abcSTOPdef"]) == (["abc"], True, "")
+
+
+def test_an_included_stop_string_ends_the_text():
+    assert feed(["STOP"], ["abcSTOPdef"], include_stop=True) == (["abcSTOP"], True, "")
+    assert feed(["STOP", "cS"], ["ab", "cST", "OP"], include_stop=True) == (["ab", "cS"], True, "")
 
 
 def test_stop_across_pieces_and_hold_back():
@@ -77,10 +81,10 @@ def test_empty_stop_string_is_refused():
         StopStringMatcher(["ok", ""])
 
 
-def test_choice_text_matches_stops_across_tokens_and_never_splits_characters():
+def test_output_text_matches_stops_across_tokens_and_never_splits_characters():
     tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
     ids = tokenizer.encode("€uro STOP after")  # one token per byte: "€" is three tokens
-    text = ChoiceText(tokenizer, ["STOP"])
+    text = OutputText(tokenizer, StopRules(("STOP",)))
     outputs = []
     for token_id in ids:
         outputs.append(text.push([token_id], final=False))
@@ -92,15 +96,50 @@ def test_choice_text_matches_stops_across_tokens_and_never_splits_characters():
     assert len(outputs) == len(tokenizer.encode("€uro STOP"))
 
 
-def test_choice_text_flushes_held_text_on_the_last_tokens():
+def test_output_text_flushes_held_text_on_the_last_tokens():
     tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
-    text = ChoiceText(tokenizer, ["STOP"])
+    text = OutputText(tokenizer, StopRules(("STOP",)))
     assert text.push(tokenizer.encode("end ST"), final=False).text == "end "
     assert text.push(tokenizer.encode("O"), final=True) == StopMatch("STO", False)
 
 
-def test_choice_text_skips_ids_without_text():
+def test_output_text_skips_ids_without_text():
     tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
-    text = ChoiceText(tokenizer, [])
+    text = OutputText(tokenizer)
     eos = tokenizer.eos_token_id
     assert text.push([*tokenizer.encode("ok"), 299, eos], final=True).text == "ok"
+
+
+def push_one_by_one(text: OutputText, ids: list[int], stop_token: bool = False) -> tuple[str, int]:
+    """The text sent and the tokens pushed until a stop string hit or the ids ran out."""
+    sent = []
+    for i, token_id in enumerate(ids):
+        final = i == len(ids) - 1
+        match = text.push([token_id], final, stop_token and final)
+        sent.append(match.text)
+        if match.stopped:
+            break
+    return "".join(sent), i + 1
+
+
+def test_stop_strings_end_an_output_only_from_min_tokens_on():
+    tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
+    ids = tokenizer.encode("a.b.c.d.e")
+    assert push_one_by_one(OutputText(tokenizer, StopRules((".",))), ids) == ("a", 2)
+    # The "." of tokens 2 and 4 come before the 5th token; the one of token 6 stops the output.
+    assert push_one_by_one(OutputText(tokenizer, StopRules((".",), min_tokens=5)), ids) == ("a.b.c", 6)
+    assert push_one_by_one(OutputText(tokenizer, StopRules((".",), min_tokens=6)), ids) == ("a.b.c", 6)
+
+
+def test_the_stop_token_that_ended_an_output_gives_no_text_unless_included():
+    tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
+    ids = tokenizer.encode("Paris.")  # "." as a stop token id
+    assert push_one_by_one(OutputText(tokenizer), ids, stop_token=True) == ("Paris", 6)
+    assert push_one_by_one(OutputText(tokenizer, StopRules(include_in_output=True)), ids, stop_token=True) == ("Paris.", 6)
+    assert push_one_by_one(OutputText(tokenizer), ids) == ("Paris.", 6)  # "." ended by max_tokens
+
+
+def test_a_character_cut_off_at_the_end_gives_no_replacement_character():
+    tokenizer = Tokenizer.from_spec(byte_tokenizer_spec())
+    ids = tokenizer.encode("ok €")[:-1]  # the last of the euro sign's three bytes never came
+    assert push_one_by_one(OutputText(tokenizer), ids) == ("ok ", len(ids))

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 class StopMatch(NamedTuple):
     text: str  # safe to send: can no longer be part of a stop string
-    stopped: bool  # a stop string completed; text ends right before it
+    stopped: bool  # a stop string completed; text ends right before it (or with it, if included)
 
 
 class StopStringMatcher:
@@ -18,10 +18,11 @@ class StopStringMatcher:
     first), so the result does not depend on how the text was split into pushes.
     """
 
-    def __init__(self, stop_strings: Sequence[str]) -> None:
+    def __init__(self, stop_strings: Sequence[str], include_stop: bool = False) -> None:
         if any(not stop for stop in stop_strings):
             raise ValueError("stop strings must not be empty")
         self._stop_strings = tuple(stop_strings)
+        self._include_stop = include_stop
         self._longest = max(map(len, stop_strings), default=0)
         self._pending = ""
 
@@ -29,10 +30,11 @@ class StopStringMatcher:
         if not self._stop_strings:
             return StopMatch(text, False)
         pending = self._pending + text
-        match_start = self._first_completed_match(pending)
-        if match_start is not None:
+        match = self._first_completed_match(pending)
+        if match is not None:
             self._pending = ""
-            return StopMatch(pending[:match_start], True)
+            end, start = match
+            return StopMatch(pending[: end if self._include_stop else start], True)
         held = self._longest_partial_suffix(pending)
         self._pending = pending[len(pending) - held :]
         return StopMatch(pending[: len(pending) - held], False)
@@ -42,13 +44,14 @@ class StopStringMatcher:
         text, self._pending = self._pending, ""
         return text
 
-    def _first_completed_match(self, text: str) -> int | None:
-        best: tuple[int, int] | None = None  # (end, start)
+    def _first_completed_match(self, text: str) -> tuple[int, int] | None:
+        """(end, start) of the match that completes first."""
+        best: tuple[int, int] | None = None
         for stop in self._stop_strings:
             start = text.find(stop)
             if start >= 0 and (best is None or (start + len(stop), start) < best):
                 best = (start + len(stop), start)
-        return None if best is None else best[1]
+        return best
 
     def _longest_partial_suffix(self, text: str) -> int:
         for length in range(min(len(text), self._longest - 1), 0, -1):
