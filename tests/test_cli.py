@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 
 def run_ember(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -18,6 +20,24 @@ def test_missing_model_path_is_a_one_line_error() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "does not exist" in result.stderr
+
+
+def test_unreadable_model_files_are_one_line_errors_that_name_the_file(gpt2_dir: Path, tmp_path: Path) -> None:
+    not_gguf = tmp_path / "weights.bin"
+    not_gguf.write_bytes(b"not a model")
+    bad_config = shutil.copytree(gpt2_dir, tmp_path / "bad-config")
+    (bad_config / "config.json").write_text("{'n_layer': 2}")
+    truncated = shutil.copytree(gpt2_dir, tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for model, expected in [
+        (not_gguf, "is a file but not a .gguf file"),
+        (bad_config, f"{bad_config / 'config.json'} is not valid JSON"),
+        (truncated, f"{weights} is not a readable safetensors file"),
+    ]:
+        result = run_ember("generate", "--model", str(model), "--device", "cpu", "--max-tokens", "1", "0")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().count("\n") == 0 and expected in result.stderr, result.stderr
 
 
 def test_text_prompt_for_a_model_without_tokenizer_files(gpt2_dir) -> None:

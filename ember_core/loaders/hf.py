@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 WEIGHT_PATTERNS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -16,7 +16,14 @@ def read_hf_config(model_dir: Path) -> dict:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ValueError(f"{model_dir} has no config.json: not a Hugging Face model directory")
-    return json.loads(config_path.read_text())
+    return _read_json(config_path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -24,7 +31,7 @@ def _weight_files(model_dir: Path) -> list[Path]:
         if (model_dir / single).is_file():
             return [model_dir / single]
         if (model_dir / index).is_file():
-            shards = sorted(set(json.loads((model_dir / index).read_text())["weight_map"].values()))
+            shards = sorted(set(_read_json(model_dir / index)["weight_map"].values()))
             return [model_dir / shard for shard in shards]
     raise ValueError(f"{model_dir} has no weights: expected one of {', '.join(WEIGHT_PATTERNS)}")
 
@@ -32,8 +39,11 @@ def _weight_files(model_dir: Path) -> list[Path]:
 def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for path in _weight_files(model_dir):
         if path.suffix == ".safetensors":
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for name in f.keys():
+                        yield name, f.get_tensor(name)
+            except SafetensorError as exc:  # a truncated or corrupt file
+                raise ValueError(f"{path} is not a readable safetensors file: {exc}") from None
         else:
             yield from torch.load(path, map_location="cpu", weights_only=True).items()

@@ -44,6 +44,8 @@ def resolve_model(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path
+    if path.is_file():
+        raise ValueError(f"model path {path} is a file but not a .gguf file (expected a model directory or a .gguf file)")
     if name.startswith(("/", "./", "../", "~")) or name.endswith(".gguf"):
         raise ValueError(f"model path {path} does not exist (expected a model directory or a .gguf file)")
     tried = [f"local path {path} (not found)"]

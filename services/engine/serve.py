@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,9 +42,20 @@ def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
     return argv
 
 
-def _gateway_argv(args: argparse.Namespace, engine_address: str) -> list[str]:
+def _gateway_argv(args: argparse.Namespace, engine_address: str, listen_fd: int) -> list[str]:
     argv = [sys.executable, "-m", "ember_gateway", "--engine", engine_address, "--log-level", args.log_level]
-    return argv + gateway_options_argv(args)
+    return argv + gateway_options_argv(args) + ["--listen-fd", str(listen_fd)]
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP socket, bound here so that a taken port fails at once, --port 0 gets its number,
+    and connections wait in the backlog while a restarted gateway starts."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
+        reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else exc
+        sys.exit(f"ember: error: cannot listen on {host}:{port}: {reason}")
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:
@@ -65,10 +77,11 @@ class Child:
     the server ever became healthy (a bad flag, a model that does not load): that ends
     `ember serve` instead of looping."""
 
-    def __init__(self, name: str, argv: list[str]) -> None:
+    def __init__(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
         self.name = name
         self.argv = argv
-        self.process = subprocess.Popen(argv)
+        self.pass_fds = pass_fds
+        self.process = subprocess.Popen(argv, pass_fds=pass_fds)
         self.served = False
         self.restarts: list[float] = []
 
@@ -84,7 +97,7 @@ class Child:
             return False
         print(f"ember: the {self.name} exited with {cause}; restarting it", file=sys.stderr, flush=True)
         self.restarts.append(now)
-        self.process = subprocess.Popen(self.argv)
+        self.process = subprocess.Popen(self.argv, pass_fds=self.pass_fds)
         return True
 
 
@@ -98,12 +111,16 @@ def _healthy(url: str) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    local_host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    health_url = f"http://{local_host}:{args.port}/health"
-    with tempfile.TemporaryDirectory(prefix="ember-") as run_dir:
+    listener = _listen(args.host, args.port)
+    port = listener.getsockname()[1]
+    local_host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(args.host, args.host)
+    if ":" in local_host and not local_host.startswith("["):
+        local_host = f"[{local_host}]"
+    health_url = f"http://{local_host}:{port}/health"
+    with listener, tempfile.TemporaryDirectory(prefix="ember-") as run_dir:
         address = f"ipc://{run_dir}/engine.sock"
         engine = Child("engine", _engine_argv(args, address))
-        gateway = Child("gateway", _gateway_argv(args, address))
+        gateway = Child("gateway", _gateway_argv(args, address, listener.fileno()), pass_fds=(listener.fileno(),))
         children = [gateway, engine]  # the gateway stops first so clients see a clean close
         stop_requested = failed = False
 
@@ -113,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        print(f"ember: serving {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+        print(f"ember: serving {args.model} on http://{args.host}:{port}/v1", file=sys.stderr, flush=True)
         next_health_check = 0.0
         while not stop_requested and not failed:
             time.sleep(POLL_SECONDS)

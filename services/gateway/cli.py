@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from aiohttp import web
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine", default=env("EMBER_ENGINE", "tcp://127.0.0.1:5555"), help="engine address, tcp://HOST:PORT or ipc://PATH (EMBER_ENGINE)"
     )
     add_gateway_arguments(parser)
+    parser.add_argument(
+        "--listen-fd", type=int, default=None,
+        help="serve on this inherited listening socket instead of binding --host/--port (what `ember serve` passes)",
+    )
     parser.add_argument("--log-level", default=env("EMBER_LOG_LEVEL", "INFO"))
     return parser
 
@@ -82,6 +87,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         engine_address=args.engine,
         host=args.host,
         port=args.port,
+        listen_fd=args.listen_fd,
         api_key=args.api_key or None,
         max_pending=args.max_pending,
         request_timeout=args.request_timeout,
@@ -99,7 +105,10 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        if config.listen_fd is None:
+            site: web.BaseSite = web.TCPSite(runner, config.host, config.port)
+        else:
+            site = web.SockSite(runner, socket.socket(fileno=config.listen_fd))
         await site.start()
         for address in runner.addresses:
             logger.info("listening on http://%s:%d (engine %s)", address[0], address[1], config.engine_address)

@@ -24,6 +24,8 @@ class GatewayConfig:
     engine_timeout: float = 30.0
     # Origins browsers may call the API from (CORS); "*": any, empty: no CORS headers.
     allowed_origins: tuple[str, ...] = ("*",)
+    # A listening socket inherited from a launcher (`ember serve`), served instead of binding host:port.
+    listen_fd: int | None = None
 
     def __post_init__(self) -> None:
         if not self.engine_address.startswith(("tcp://", "ipc://")):

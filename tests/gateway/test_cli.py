@@ -63,8 +63,8 @@ def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest
         "--port", "9001", "--api-key", "k", "--max-pending", "3", "--request-timeout", "2.5",
         "--max-body-bytes", "65536", "--model-name", "served", "--engine-timeout", "7", "--allowed-origins", "",
     ])
-    argv = _gateway_argv(serve_args, "ipc:///tmp/engine.sock")
+    argv = _gateway_argv(serve_args, "ipc:///tmp/engine.sock", listen_fd=5)
     assert argv[1:3] == ["-m", "ember_gateway"]
     assert config(argv[3:]) == GatewayConfig(
-        "ipc:///tmp/engine.sock", "127.0.0.1", 9001, "k", 3, 2.5, 65536, "served", 7.0, allowed_origins=()
+        "ipc:///tmp/engine.sock", "127.0.0.1", 9001, "k", 3, 2.5, 65536, "served", 7.0, allowed_origins=(), listen_fd=5
     )

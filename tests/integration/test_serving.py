@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 from pathlib import Path
 
 import aiohttp
@@ -142,9 +143,11 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
     assert http_status(f"{url}/health") == 0  # nothing listens any more
 
 
-def _engine_pids(serve_pid: int, exclude: list[int]) -> list[int]:
+def _child_pids(serve_pid: int, module: str, exclude: list[int] | None = None) -> list[int]:
     children = [int(child) for child in Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()]
-    return [pid for pid in children if pid not in exclude and b"ember_engine" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [
+        pid for pid in children if pid not in (exclude or []) and module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
 
 
 def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloads(model_dir: Path, tmp_path: Path) -> None:
@@ -159,8 +162,8 @@ def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloa
         before = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
         killed = []
         for kill in range(2):  # the second kill lands while the restarted engine is still loading
-            wait_until(lambda: bool(_engine_pids(process.pid, exclude=killed)), 30, "an engine process")
-            killed.append(_engine_pids(process.pid, exclude=killed)[0])
+            wait_until(lambda: bool(_child_pids(process.pid, "ember_engine", exclude=killed)), 30, "an engine process")
+            killed.append(_child_pids(process.pid, "ember_engine", exclude=killed)[0])
             os.kill(killed[-1], signal.SIGKILL)
             restarts = kill + 1
             wait_until(lambda: log.read_text().count("the engine exited with signal SIGKILL; restarting it") == restarts,  # noqa: B023 - waited on at once
@@ -180,3 +183,34 @@ def test_ember_serve_stops_when_the_engine_cannot_start(tmp_path: Path) -> None:
         wait_until(lambda: process.poll() is not None, STARTUP_TIMEOUT_S, "serve to give up")
         assert process.returncode == 1
     assert re.search(r"the engine exited with code \d+ before the server became healthy; stopping", log.read_text())
+
+
+def test_ember_serve_on_port_0_names_its_port_and_keeps_it_when_the_gateway_restarts(model_dir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
+            "--num-blocks", "64", "--block-size", "4"]
+    with spawned(argv, log) as process:
+        wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
+        port = int(re.search(r"serving .* on http://127\.0\.0\.1:(\d+)/v1", log.read_text())[1])
+        assert port != 0
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        before = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
+        os.kill(_child_pids(process.pid, "ember_gateway")[0], signal.SIGKILL)
+        wait_until(lambda: "the gateway exited with signal SIGKILL; restarting it" in log.read_text(), 30, "restart log")
+        # `ember serve` keeps the socket open: connections made meanwhile wait in its backlog.
+        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/health") == 200, STARTUP_TIMEOUT_S, "the new gateway")
+        after = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
+        assert after == before
+        process.send_signal(signal.SIGTERM)
+        assert stop_process(process, timeout=30) == 0
+
+
+def test_ember_serve_on_a_taken_port_stops_at_once_without_saying_ready(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with spawned(["-m", "ember_core.cli", "serve", "--port", str(port)], log) as process:
+            wait_until(lambda: process.poll() is not None, 30, "serve to give up")
+            assert process.returncode == 1
+    text = log.read_text()
+    assert text.strip() == f"ember: error: cannot listen on 127.0.0.1:{port}: Address already in use"
