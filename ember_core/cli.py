@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -74,6 +75,7 @@ def _generate(args: argparse.Namespace) -> None:
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], None]]]:
     parser = argparse.ArgumentParser(prog="ember", description="ember LLM inference server")
     parser.add_argument("--log-level", default="WARNING")
+    parser.add_argument("--version", action="version", version=f"ember {importlib.metadata.version('ember')}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete prompts with the offline engine")
     add_engine_arguments(gen)

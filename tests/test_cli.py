@@ -52,6 +52,11 @@ def test_invalid_sampling_value_is_a_one_line_error(gpt2_dir) -> None:
     assert result.stderr.strip() == "ember: error: max_tokens must be an integer >= 0, got -1"
 
 
+def test_version() -> None:
+    result = run_ember("--version")
+    assert result.returncode == 0 and result.stdout.strip() == "ember 0.1.0"
+
+
 def test_unknown_flag_is_rejected_by_argparse() -> None:
     result = run_ember("generate", "--bogus", "x")
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr

@@ -25,6 +25,11 @@ def test_max_model_len_is_lowered_to_the_cache_and_says_so(gpt2_dir, caplog: pyt
     assert len(output.token_ids) == 22
 
 
+def test_an_explicit_max_model_len_over_the_models_positions_is_refused_at_start(gpt2_dir) -> None:
+    with pytest.raises(ValueError, match="max_model_len 512 exceeds the model's context of 256 positions"):
+        LLM(str(gpt2_dir), device="cpu", dtype="float32", block_size=4, num_blocks=256, max_model_len=512)
+
+
 def test_an_explicit_max_model_len_over_the_cache_is_refused_at_start(gpt2_dir) -> None:
     with pytest.raises(ValueError, match="max_model_len 64 exceeds the KV cache's 32 tokens"):
         LLM(str(gpt2_dir), device="cpu", dtype="float32", block_size=4, num_blocks=8, max_model_len=64)

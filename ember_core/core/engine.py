@@ -219,14 +219,17 @@ class Engine:
 
 
 def _max_model_len(model_limit: int, requested: int | None, cache_tokens: int) -> int:
-    """The context a request may use: one sequence alone must fit the KV cache, else it would be cut
-    off mid-generation (as vLLM, an explicit --max-model-len over the cache is refused at start)."""
+    """The context a request may use: within the model's positions, and one sequence alone must fit
+    the KV cache, else it would be cut off mid-generation. As in vLLM, an explicit --max-model-len
+    over either is refused at start."""
+    if requested is not None and requested > model_limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's context of {model_limit} positions")
     if requested is not None and requested > cache_tokens:
         raise ValueError(
             f"max_model_len {requested} exceeds the KV cache's {cache_tokens} tokens: "
             "enlarge --kv-cache-mib / --num-blocks or lower --max-model-len"
         )
-    limit = min(model_limit, requested or model_limit)
+    limit = requested or model_limit
     if limit > cache_tokens:
         logger.warning(
             "max_model_len lowered from the model's %d to the KV cache's %d tokens; enlarge --kv-cache-mib for more",
