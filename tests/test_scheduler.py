@@ -78,23 +78,23 @@ def test_prompt_chunks_shrink_as_their_context_grows() -> None:
     assert sum(chunks[:-7]) == 300 and chunks[-7:] == [1] * 7  # then the 7 decodes after the first token
 
 
-def test_context_cost_is_charged_against_the_budget_other_prompts_get() -> None:
+@pytest.mark.parametrize(
+    ("first_prompt", "expected"),
+    [
+        # A 50-token chunk at 100 positions costs the whole budget: none left to admit.
+        (300, [50]),
+        # 30 tokens at 100 positions cost 60; the new prompt starts at position 0 with the other 40.
+        (130, [30, 40]),
+    ],
+)
+def test_context_cost_is_charged_against_the_budget_other_prompts_get(first_prompt: int, expected: list[int]) -> None:
     s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01)
-    first, second = make_seq(300), make_seq(300)
+    first, second = make_seq(first_prompt), make_seq(300)
     s.add(first)
-    run_step(s)
+    run_step(s)  # its first 100 tokens
     s.add(second)
     out = s.schedule()
-    # The first prompt's 50-token chunk at 100 positions costs the whole budget: none left to admit.
-    assert out.seqs == [first] and out.num_scheduled_tokens == [50]
-    s = make_scheduler(256, max_num_batched_tokens=100, context_cost=0.01)
-    first, second = make_seq(130), make_seq(300)
-    s.add(first)
-    run_step(s)
-    s.add(second)
-    out = s.schedule()
-    # 30 tokens at 100 positions cost 60; the new prompt starts at position 0 with the other 40.
-    assert out.seqs == [first, second] and out.num_scheduled_tokens == [30, 40]
+    assert out.seqs == [first, second][: len(expected)] and out.num_scheduled_tokens == expected
 
 
 def test_decodes_cost_one_token_whatever_their_context() -> None:
