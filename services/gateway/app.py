@@ -13,7 +13,7 @@ from ember_gateway.chat import create_chat_completion
 from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
 from ember_gateway.cors import add_cors_headers, cors_middleware
-from ember_gateway.engine_client import EngineClient
+from ember_gateway.engine_client import EngineClient, ServedModel
 from ember_gateway.errors import ApiError, from_http_exception, internal_error
 from ember_gateway.metrics import GatewayMetrics
 from ember_gateway.respond import json_response
@@ -103,8 +103,7 @@ def _auth_middleware(api_key: str | None) -> web.Middleware:
     return check_api_key
 
 
-def _model_entry(state: GatewayState) -> dict[str, Any]:
-    model = state.require_model()
+def _model_entry(model: ServedModel) -> dict[str, Any]:
     return {
         "id": model.name,
         "object": "model",
@@ -115,11 +114,11 @@ def _model_entry(state: GatewayState) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [_model_entry(request.app[STATE])]})
+    return json_response({"object": "list", "data": [_model_entry(await request.app[STATE].await_model())]})
 
 
 async def get_model(request: web.Request) -> web.Response:
-    entry = _model_entry(request.app[STATE])
+    entry = _model_entry(await request.app[STATE].await_model())
     name = request.match_info["model"]
     if name != entry["id"]:
         raise ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")

@@ -50,6 +50,10 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds of engine silence before it counts as gone (a hung engine; it heartbeats during long steps) (EMBER_ENGINE_TIMEOUT)",
     )
     parser.add_argument(
+        "--engine-wait", type=float, default=env("EMBER_ENGINE_WAIT", "5"),
+        help="seconds a request arriving while no engine is ready waits for one before 503 (EMBER_ENGINE_WAIT)",
+    )
+    parser.add_argument(
         "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
         help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
     )
@@ -94,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         max_body_bytes=args.max_body_bytes,
         model_name=args.model_name or None,
         engine_timeout=args.engine_timeout,
+        engine_wait=args.engine_wait,
         allowed_origins=tuple(origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()),
     )
 

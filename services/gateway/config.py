@@ -24,6 +24,9 @@ class GatewayConfig:
     engine_timeout: float = 30.0
     # Origins browsers may call the API from (CORS); "*": any, empty: no CORS headers.
     allowed_origins: tuple[str, ...] = ("*",)
+    # A request that arrives while no engine is ready waits this long for one before its 503: a
+    # gateway that just started (or was restarted by `ember serve`) is ready a moment after its engine.
+    engine_wait: float = 5.0
     # A listening socket inherited from a launcher (`ember serve`), served instead of binding host:port.
     listen_fd: int | None = None
 
@@ -36,6 +39,8 @@ class GatewayConfig:
             raise ValueError(f"max_pending must be >= 1, got {self.max_pending}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
+        if self.engine_wait < 0:
+            raise ValueError(f"engine_wait must be >= 0, got {self.engine_wait}")
         if self.engine_timeout <= 0:
             raise ValueError(f"engine_timeout must be > 0, got {self.engine_timeout}")
         if self.max_body_bytes < 1024:

@@ -86,7 +86,7 @@ class EngineClient:
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
         self.model: ServedModel | None = None
         self.stats: EngineStats | None = None
-        self.ready = False
+        self._ready = asyncio.Event()
         self._model_name = model_name
         self._watchdog_s = watchdog_s
         self._routes: dict[str, _Route] = {}
@@ -101,6 +101,19 @@ class EngineClient:
         self._socket: zmq.asyncio.Socket | None = None
         self._monitor: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def ready(self) -> bool:
+        """Whether an engine is connected and serving this gateway's model."""
+        return self._ready.is_set()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Whether an engine is ready now or becomes ready within timeout seconds."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
+            return False
+        return True
 
     @property
     def num_in_flight(self) -> int:
@@ -228,7 +241,7 @@ class EngineClient:
             return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
         name = self._model_name or message.model.model_id
         self.model = ServedModel(name, message.engine_id, message.model, tokenizer)
-        self.ready = True
+        self._ready.set()
         self._last_rejection = ""
         logger.info(
             "engine %s ready: model %s (served as %s), max_model_len %d, %s",
@@ -245,7 +258,7 @@ class EngineClient:
         route = self._routes.pop(message.request_id, None)
         if code == 503:
             # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
-            self.ready = False
+            self._ready.clear()
         if route is not None:
             status = code if code in (400, 503) else 500
             route.queue.put_nowait(Output(route.index, EngineFailure(status, message.message), self._last_message_at))
@@ -276,7 +289,7 @@ class EngineClient:
     def _lost(self, reason: str) -> None:
         if self.ready:
             logger.warning("engine unavailable: %s", reason)
-        self.ready = False
+        self._ready.clear()
         self._connection_epoch += 1
         self._fail_all(f"the engine became unavailable ({reason})")
 

@@ -58,7 +58,7 @@ class ResponseFormat(Protocol):
 
 async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, ServedModel, Body]:
     state = request.app[STATE]
-    model = state.require_model()
+    model = await state.await_model()
     try:
         raw = await request.read()
     except web.RequestPayloadError as exc:  # e.g. a body that is not what its Content-Encoding says

@@ -18,6 +18,12 @@ class GatewayState:
     client: EngineClient
     metrics: GatewayMetrics
 
+    async def await_model(self) -> ServedModel:
+        """The model being served, waiting up to config.engine_wait for an engine; ApiError 503 after."""
+        if not self.client.ready:
+            await self.client.wait_ready(self.config.engine_wait)
+        return self.require_model()
+
     def require_model(self) -> ServedModel:
         """The model being served; ApiError 503 while no engine is ready."""
         model = self.client.model

@@ -71,11 +71,12 @@ async def fake_engine() -> AsyncIterator[FakeEngine]:
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
     """start_gateway(engine, watchdog_s=..., **GatewayConfig fields) -> a Gateway on a free port,
-    ready unless wait_ready=False."""
+    ready unless wait_ready=False. Requests wait 0.2 s for a missing engine unless engine_wait says."""
     runners: list[web.AppRunner] = []
     sessions: list[aiohttp.ClientSession] = []
 
     async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True, **config: Any) -> Gateway:
+        config.setdefault("engine_wait", 0.2)
         gateway_config = GatewayConfig(engine_address=engine.address, port=free_port(), **config)
         client = EngineClient(engine.address, model_name=gateway_config.model_name, watchdog_s=watchdog_s)
         runner = await start_runner(create_app(gateway_config, client), shutdown_timeout=1.0)

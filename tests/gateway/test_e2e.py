@@ -81,7 +81,8 @@ def engine_address(engine: EngineProcess) -> str:
 
 @pytest.fixture(scope="module")
 def url(engine_address: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from start_gateway(engine_address, tmp_path_factory.mktemp("logs") / "gateway.log")
+    # A short wait for a missing engine: a test here kills the engine and expects 503s.
+    yield from start_gateway(engine_address, tmp_path_factory.mktemp("logs") / "gateway.log", "--engine-wait", "0.5")
 
 
 @pytest.fixture(scope="module")

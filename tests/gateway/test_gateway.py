@@ -395,12 +395,31 @@ async def test_protocol_mismatch_stays_not_ready(start_gateway: StartGateway):
         await engine.stop()
 
 
-async def test_no_engine_yet_is_503_everywhere(start_gateway: StartGateway):
-    gateway = await start_gateway(FakeEngine(f"tcp://127.0.0.1:{free_port()}"), wait_ready=False)
+async def test_no_engine_yet_is_503_everywhere_once_the_wait_for_one_is_over(start_gateway: StartGateway):
+    gateway = await start_gateway(FakeEngine(f"tcp://127.0.0.1:{free_port()}"), wait_ready=False, engine_wait=0.3)
     assert await get_status(gateway, "/health") == 503
+    started = time.monotonic()
     assert await get_status(gateway, "/v1/models") == 503
+    assert time.monotonic() - started >= 0.3
     status, body = await gateway.post("/v1/chat/completions", chat())
     assert_openai_error(status, body, 503)
+
+
+async def test_a_request_sent_before_the_engine_is_ready_waits_for_it(start_gateway: StartGateway):
+    """As after `ember serve` restarts a gateway: requests queue until the engine answers its Hello."""
+    engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}")
+    gateway = await start_gateway(engine, wait_ready=False, engine_wait=10.0)
+    request = asyncio.ensure_future(gateway.post("/v1/completions", completion(max_tokens=3)))
+    models = asyncio.ensure_future(get_status(gateway, "/v1/models"))
+    await asyncio.sleep(0.5)
+    assert not request.done() and await get_status(gateway, "/health") == 503
+    await engine.start()
+    try:
+        status, body = await request
+        assert status == 200 and body["choices"][0]["text"] == "Hel"
+        assert await models == 200
+    finally:
+        await engine.stop()
 
 
 async def test_model_without_tokenizer_serves_token_ids_only(start_gateway: StartGateway):
