@@ -2,9 +2,17 @@
 
 import gzip
 import json
+import sys
+import zlib
 from typing import Any
 
+import brotli
 import pytest
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.gateway.fake_engine import FakeEngine
@@ -182,14 +190,31 @@ async def test_unknown_route_and_wrong_method_get_json_errors(gateway: Gateway):
         assert response.headers["Allow"] == "POST"
 
 
-async def test_compressed_bodies_are_read_and_a_body_that_is_not_what_its_encoding_says_gets_400(gateway: Gateway):
+COMPRESSORS = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress, "zstd": zstd.compress}
+
+
+@pytest.mark.parametrize("encoding", COMPRESSORS)
+async def test_compressed_bodies_are_read_and_a_body_that_is_not_what_its_encoding_says_gets_400(
+    gateway: Gateway, encoding: str
+):
     request = raw({"model": "fake-model", "prompt": "hello", "max_tokens": 3})
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    async with gateway.http.post(COMPLETIONS, data=gzip.compress(request), headers=headers) as response:
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    async with gateway.http.post(COMPLETIONS, data=COMPRESSORS[encoding](request), headers=headers) as response:
         assert response.status == 200 and (await response.json())["choices"][0]["text"] == "Hel"
     async with gateway.http.post(COMPLETIONS, data=request, headers=headers) as response:
         error = assert_openai_error(response.status, await response.json(), 400)
     assert error["message"].startswith("the request body could not be read")
+
+
+@pytest.mark.parametrize("encoding", COMPRESSORS)
+async def test_a_compressed_body_is_held_to_the_limit_once_decompressed(
+    fake_engine: FakeEngine, start_gateway: StartGateway, encoding: str
+):
+    gateway = await start_gateway(fake_engine, max_body_bytes=2048)
+    bomb = raw({"model": "fake-model", "prompt": "x" * 1_000_000})
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    async with gateway.http.post(COMPLETIONS, data=COMPRESSORS[encoding](bomb), headers=headers) as response:
+        assert_openai_error(response.status, await response.json(), 413)
 
 
 async def test_body_over_the_limit_gets_413(fake_engine: FakeEngine, start_gateway: StartGateway):
