@@ -9,7 +9,7 @@ from enum import IntEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Generate.output_token_ids
 
 
 class _Message(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -59,6 +59,9 @@ class Generate(_Message):
     sampling: SamplingOptions
     arrival_time: float  # time.time() at the gateway
     deadline: float | None = None  # time.time() after which the engine aborts the request
+    # Tokens the request generated on an engine that was lost; it continues after them (a gateway
+    # resuming its requests on a restarted engine).
+    output_token_ids: list[int] = []
 
 
 class Abort(_Message):

@@ -93,3 +93,38 @@ def test_sdpa_fallback_decode_gives_the_same_tokens_as_the_kernel(gpt2_dir, expe
     assert "C++ CPU ops are unavailable" in caplog.text  # the slow path is not silent
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert_pool_free(llm)
+
+
+RESUMED = [
+    GREEDY,
+    SamplingParams(temperature=1.0, top_k=50, seed=7, max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=0.8, seed=3, max_tokens=20, frequency_penalty=1.5, presence_penalty=0.5),
+]
+
+
+@pytest.mark.parametrize("params", RESUMED, ids=["greedy", "seeded", "seeded-with-penalties"])
+def test_a_request_resumed_after_its_first_tokens_goes_on_with_the_same_tokens(gpt2_dir, params) -> None:
+    """As a gateway resumes its requests on a restarted engine: the tokens it already had count as
+    output (max_tokens, penalties, the seed's position), so the rest is what it would have been."""
+    llm = make_llm(gpt2_dir)
+    prompt = PROMPTS[1]
+    whole = llm.generate([prompt], params)[0].token_ids
+    assert len(whole) == 20
+    for kept in (1, 9, 19):
+        llm.engine.add_request("resumed", prompt, params, output_token_ids=whole[:kept])
+        rest = []
+        while llm.engine.has_unfinished():
+            rest += [token for delta in llm.engine.step() for token in delta.new_token_ids]
+        assert whole[:kept] + rest == whole
+    assert_pool_free(llm)
+
+
+def test_a_resumed_request_with_no_tokens_left_is_rejected(gpt2_dir) -> None:
+    from ember_core.core.engine import RequestRejected
+
+    llm = make_llm(gpt2_dir)
+    with pytest.raises(RequestRejected, match="leave none of max_tokens"):
+        llm.engine.add_request("done", PROMPTS[0], GREEDY, output_token_ids=[1] * 20)
+    with pytest.raises(RequestRejected, match="outside the vocabulary"):
+        llm.engine.add_request("bad", PROMPTS[0], GREEDY, output_token_ids=[10**6])
+    assert_pool_free(llm)

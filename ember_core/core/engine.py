@@ -93,16 +93,30 @@ class Engine:
         return self.loaded.tokenizer
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_time: float | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        output_token_ids: list[int] | tuple[int, ...] = (),
     ) -> None:
+        """output_token_ids: what the request already generated on an engine that was lost. It
+        continues after them as if it had never stopped: they count toward max_tokens, min_tokens and
+        the penalties, and a seeded request samples the same tokens it would have."""
         if request_id in self._sequences:
             raise RequestRejected(f"request id {request_id!r} is already in flight")
         if not prompt_token_ids:
             raise RequestRejected("the prompt is empty")
         vocab_size = self.loaded.vocab_size
-        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
+        bad = next(
+            (t for t in (*prompt_token_ids, *output_token_ids) if not (isinstance(t, int) and 0 <= t < vocab_size)), None
+        )
         if bad is not None:
             raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+        if len(output_token_ids) >= max(params.max_tokens, 1):
+            raise RequestRejected(
+                f"{len(output_token_ids)} tokens already generated leave none of max_tokens ({params.max_tokens})"
+            )
         bad = next((t for t in params.logit_bias or {} if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise RequestRejected(f"logit_bias token id {bad!r} is outside the vocabulary [0, {vocab_size})")
@@ -112,6 +126,7 @@ class Engine:
                 f"exceeds the model context of {self.max_model_len} tokens"
             )
         seq = Sequence(next(self._seq_ids), request_id, list(prompt_token_ids), params, arrival_time or time.monotonic())
+        seq.token_ids.extend(output_token_ids)
         try:
             self.scheduler.check_fits(seq)
         except ValueError as exc:

@@ -174,7 +174,9 @@ class EngineWorker:
             return
         try:
             params = SamplingParams(**msgspec.structs.asdict(message.sampling))
-            self.engine.add_request(request_id, message.prompt_token_ids, params, arrival_time=time.monotonic())
+            self.engine.add_request(
+                request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids
+            )
         except (ValueError, TypeError) as exc:  # RequestRejected is a ValueError
             self._send(identity, Rejected(request_id, RejectCode.INVALID_REQUEST, str(exc)))
             return

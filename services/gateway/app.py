@@ -26,7 +26,10 @@ _OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers need no API key
 
 def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web.Application:
     client = client or EngineClient(
-        config.engine_address, model_name=config.model_name, watchdog_s=config.engine_timeout
+        config.engine_address,
+        model_name=config.model_name,
+        watchdog_s=config.engine_timeout,
+        resume_wait_s=config.engine_resume_wait,
     )
     app = web.Application(
         middlewares=[_errors_middleware, cors_middleware(config.allowed_origins), _auth_middleware(config.api_key)],

@@ -54,6 +54,11 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a request arriving while no engine is ready waits for one before 503 (EMBER_ENGINE_WAIT)",
     )
     parser.add_argument(
+        "--engine-resume-wait", type=float, default=env("EMBER_ENGINE_RESUME_WAIT", "0"),
+        help="seconds requests in flight on a lost engine wait for a restarted one, which continues them where they "
+        "were; 0: they fail at once (EMBER_ENGINE_RESUME_WAIT)",
+    )
+    parser.add_argument(
         "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
         help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
     )
@@ -99,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         model_name=args.model_name or None,
         engine_timeout=args.engine_timeout,
         engine_wait=args.engine_wait,
+        engine_resume_wait=args.engine_resume_wait,
         allowed_origins=tuple(origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()),
     )
 

@@ -27,6 +27,9 @@ class GatewayConfig:
     # A request that arrives while no engine is ready waits this long for one before its 503: a
     # gateway that just started (or was restarted by `ember serve`) is ready a moment after its engine.
     engine_wait: float = 5.0
+    # Requests in flight when the engine is lost wait this long for a restarted engine serving the
+    # same model, which continues each after the tokens it already sent; 0: they fail at once.
+    engine_resume_wait: float = 0.0
     # A listening socket inherited from a launcher (`ember serve`), served instead of binding host:port.
     listen_fd: int | None = None
 
@@ -41,6 +44,8 @@ class GatewayConfig:
             raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
         if self.engine_wait < 0:
             raise ValueError(f"engine_wait must be >= 0, got {self.engine_wait}")
+        if self.engine_resume_wait < 0:
+            raise ValueError(f"engine_resume_wait must be >= 0, got {self.engine_resume_wait}")
         if self.engine_timeout <= 0:
             raise ValueError(f"engine_timeout must be > 0, got {self.engine_timeout}")
         if self.max_body_bytes < 1024:

@@ -2,7 +2,9 @@
 
 Every engine request of an HTTP request shares one asyncio.Queue; each StepOutputs is fanned out
 to those queues in O(deltas). Anything that makes the engine unusable (disconnect, silence, a new
-engine id) fails every request in flight with an EngineFailure, so no handler waits forever.
+engine id) fails every request in flight with an EngineFailure, so no handler waits forever; with
+resume_wait_s > 0 they first wait that long for a restarted engine, which continues each after
+the tokens it already sent (`Generate.output_token_ids`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import msgspec
@@ -68,9 +70,20 @@ class Output(NamedTuple):
     step_started_at: float  # time.monotonic() when the gateway received the engine's previous message
 
 
-class _Route(NamedTuple):
+@dataclass(eq=False)
+class _Route:
     queue: asyncio.Queue[Output]
     index: int
+    generate: Generate
+    output_token_ids: list[int] = field(default_factory=list)  # received so far
+
+    def resumed(self) -> Generate:
+        """The request for a new engine: it continues after the tokens already received, and does
+        not ask again for the prompt logprobs that came with the first of them."""
+        if not self.output_token_ids:
+            return self.generate
+        sampling = msgspec.structs.replace(self.generate.sampling, prompt_logprobs=None)
+        return msgspec.structs.replace(self.generate, sampling=sampling, output_token_ids=list(self.output_token_ids))
 
 
 class EngineClient:
@@ -81,6 +94,7 @@ class EngineClient:
         model_name: str | None = None,
         gateway_id: str | None = None,
         watchdog_s: float = WATCHDOG_S,
+        resume_wait_s: float = 0.0,
     ) -> None:
         self.address = address
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
@@ -89,7 +103,13 @@ class EngineClient:
         self._ready = asyncio.Event()
         self._model_name = model_name
         self._watchdog_s = watchdog_s
+        self._resume_wait_s = resume_wait_s
         self._routes: dict[str, _Route] = {}
+        # Requests in flight on an engine that was lost, waiting until _parked_until for a restarted
+        # one to resume them.
+        self._parked: dict[str, _Route] = {}
+        self._parked_engine_id = ""
+        self._parked_until = 0.0
         self._connected = False
         self._connection_epoch = 0  # bumped whenever the engine is lost; stale Ready handling checks it
         self._last_message_at = time.monotonic()
@@ -117,7 +137,7 @@ class EngineClient:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._routes)
+        return len(self._routes) + len(self._parked)
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
@@ -139,7 +159,8 @@ class EngineClient:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._fail_all("the gateway is shutting down")
+        self._fail(self._routes, "the gateway is shutting down")
+        self._fail(self._parked, "the gateway is shutting down")
         if self._socket is not None:
             self._socket.disable_monitor()
         for socket in (self._monitor, self._socket):
@@ -158,12 +179,14 @@ class EngineClient:
             if not self._send(generate):
                 self.release([g.request_id for g in generates[:index]])
                 raise engine_unavailable("the engine is not accepting requests right now")
-            self._routes[generate.request_id] = _Route(queue, index)
+            self._routes[generate.request_id] = _Route(queue, index, generate)
         return queue
 
     def release(self, request_ids: list[str]) -> None:
         """Stop routing these requests; the ones the engine has not finished are aborted."""
         unfinished = [request_id for request_id in request_ids if self._routes.pop(request_id, None) is not None]
+        for request_id in request_ids:
+            self._parked.pop(request_id, None)
         if unfinished:
             self._send(Abort(unfinished))
 
@@ -220,6 +243,8 @@ class EngineClient:
                 continue  # finished, aborted or failed here already
             if delta.finish_reason is not None:
                 del routes[delta.request_id]
+            else:
+                route.output_token_ids.extend(delta.new_token_ids)
             route.queue.put_nowait(Output(route.index, delta, step_started_at))
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
@@ -235,6 +260,7 @@ class EngineClient:
             self._lost("the engine restarted")
         elif self.ready:
             return  # an answer to an extra Hello
+        previous = self.model
         epoch = self._connection_epoch
         tokenizer = await self._tokenizer_for(message.model.tokenizer_spec)
         if epoch != self._connection_epoch:
@@ -243,6 +269,8 @@ class EngineClient:
         self.model = ServedModel(name, message.engine_id, message.model, tokenizer)
         self._ready.set()
         self._last_rejection = ""
+        if self._parked:
+            self._resume_parked(previous, self.model)
         logger.info(
             "engine %s ready: model %s (served as %s), max_model_len %d, %s",
             message.engine_id, message.model.model_id, self.model.name, message.model.max_model_len,
@@ -278,10 +306,12 @@ class EngineClient:
         while True:
             await asyncio.sleep(HELLO_INTERVAL_S)
             now = time.monotonic()
-            if self.ready:
-                if now - self._last_message_at > self._watchdog_s:
-                    self._lost(f"no message from the engine for {self._watchdog_s:g} s")
-            elif self._connected:
+            silence = now - self._last_message_at
+            if self.ready and silence > self._watchdog_s:
+                self._lost(f"no message from the engine for {self._watchdog_s:g} s")
+            if self._parked and now > self._parked_until:
+                self._fail(self._parked, f"the engine became unavailable (none came back within {self._resume_wait_s:g} s)")
+            if not self.ready and self._connected:
                 unanswered = self._last_hello_at > self._last_message_at
                 if not unanswered or now - self._last_hello_at >= UNANSWERED_HELLO_RETRY_S:
                     self._send_hello()
@@ -291,17 +321,46 @@ class EngineClient:
             logger.warning("engine unavailable: %s", reason)
         self._ready.clear()
         self._connection_epoch += 1
-        self._fail_all(f"the engine became unavailable ({reason})")
-
-    def _fail_all(self, message: str) -> None:
         if not self._routes:
             return
-        routes, self._routes = self._routes, {}
         # The engine may still be alive (only silent): stop it spending work on these.
-        self._send(Abort(list(routes)))
+        self._send(Abort(list(self._routes)))
+        if self._resume_wait_s <= 0:
+            self._fail(self._routes, f"the engine became unavailable ({reason})")
+            return
+        if not self._parked and self.model is not None:
+            self._parked_engine_id = self.model.engine_id
+            self._parked_until = time.monotonic() + self._resume_wait_s
+        self._parked.update(self._routes)
+        self._routes = {}
+        logger.warning("%d requests in flight wait up to %g s for an engine to resume them", len(self._parked), self._resume_wait_s)
+
+    def _resume_parked(self, lost: ServedModel | None, new: ServedModel) -> None:
+        """Continue the parked requests on a restarted engine serving the same model. An engine
+        that answers again under its old id may still hold them (a stall, not a restart): they fail."""
+        parked, self._parked = self._parked, {}
+        if new.engine_id == self._parked_engine_id:
+            self._fail(parked, "the engine became unavailable (it stopped answering)")
+            return
+        if lost is None or (lost.card.model_id, lost.card.vocab_size, lost.card.tokenizer_spec) != (
+            new.card.model_id, new.card.vocab_size, new.card.tokenizer_spec
+        ):
+            self._fail(parked, "the engine became unavailable (it restarted with another model)")
+            return
+        resumed = 0
+        for request_id, route in parked.items():
+            if self._send(route.resumed()):
+                self._routes[request_id] = route
+                resumed += 1
+            else:
+                self._fail({request_id: route}, "the engine is not accepting requests right now")
+        logger.info("resumed %d requests in flight on engine %s", resumed, new.engine_id)
+
+    def _fail(self, routes: dict[str, _Route], message: str) -> None:
         failure = EngineFailure(503, message)
         for route in routes.values():
             route.queue.put_nowait(Output(route.index, failure, self._last_message_at))
+        routes.clear()
 
     def _log_rejection(self, message: str) -> None:
         if message != self._last_rejection:

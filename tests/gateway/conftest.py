@@ -78,7 +78,12 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
     async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True, **config: Any) -> Gateway:
         config.setdefault("engine_wait", 0.2)
         gateway_config = GatewayConfig(engine_address=engine.address, port=free_port(), **config)
-        client = EngineClient(engine.address, model_name=gateway_config.model_name, watchdog_s=watchdog_s)
+        client = EngineClient(
+            engine.address,
+            model_name=gateway_config.model_name,
+            watchdog_s=watchdog_s,
+            resume_wait_s=gateway_config.engine_resume_wait,
+        )
         runner = await start_runner(create_app(gateway_config, client), shutdown_timeout=1.0)
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", gateway_config.port).start()

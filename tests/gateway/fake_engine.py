@@ -161,7 +161,8 @@ class FakeEngine:
             if self.reject_code is not None:
                 self._send(gateway, Rejected(message.request_id, self.reject_code, "rejected by the fake engine"))
             else:
-                self._running[message.request_id] = _Running(gateway, message)
+                # a resumed request continues where it was: its reply goes on from there
+                self._running[message.request_id] = _Running(gateway, message, len(message.output_token_ids))
         else:
             self.aborted.extend(message.request_ids)
             for request_id in message.request_ids:

@@ -328,20 +328,26 @@ async def get_status(gateway: Gateway, path: str) -> int:
         return response.status
 
 
+@pytest.mark.parametrize("resume_wait", [0.0, 1.0])
 async def test_engine_death_mid_stream_ends_every_request_then_recovers(
-    fake_engine: FakeEngine, start_gateway: StartGateway
+    fake_engine: FakeEngine, start_gateway: StartGateway, resume_wait: float
 ):
-    gateway = await start_gateway(fake_engine)
+    """At once by default; after --engine-resume-wait when no engine comes back to resume them."""
+    gateway = await start_gateway(fake_engine, engine_resume_wait=resume_wait)
     fake_engine.step_interval = 0.05
     async with gateway.http.post("/v1/chat/completions", json=chat(max_tokens=40, stream=True)) as stream:
         waiting = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
         await stream.content.readuntil(b"\n\n")
         await wait_until_async(lambda: fake_engine.num_running == 2, 5.0, "both requests running")
         await fake_engine.stop()
+        if resume_wait:
+            await asyncio.sleep(resume_wait / 2)
+            assert not waiting.done()
         events = parse_sse((await asyncio.wait_for(stream.read(), 5.0)).decode())
     assert events[-2]["error"]["type"] == "service_unavailable_error" and events[-1] == "[DONE]"
     status, body = await asyncio.wait_for(waiting, 5.0)
-    assert_openai_error(status, body, 503)
+    message = assert_openai_error(status, body, 503)["message"]
+    assert ("none came back within 1 s" if resume_wait else "lost the connection") in message
     assert await get_status(gateway, "/health") == 503
     status, body = await gateway.post("/v1/completions", completion())
     assert_openai_error(status, body, 503)
@@ -351,6 +357,62 @@ async def test_engine_death_mid_stream_ends_every_request_then_recovers(
     try:
         await wait_until_async(lambda: gateway.client.ready, 5.0, "ready with the new engine")
         assert await get_status(gateway, "/health") == 200
+        status, _ = await gateway.post("/v1/completions", completion(max_tokens=2))
+        assert status == 200
+    finally:
+        await restarted.stop()
+
+
+async def test_engine_death_mid_stream_requests_resume_on_the_restarted_engine_with_engine_resume_wait(
+    fake_engine: FakeEngine, start_gateway: StartGateway
+):
+    gateway = await start_gateway(fake_engine, engine_resume_wait=5.0)
+    fake_engine.step_interval = 0.05
+    expected = await gateway.post("/v1/completions", completion(max_tokens=24, logprobs=1, echo=True))
+    async with gateway.http.post("/v1/chat/completions", json=chat(max_tokens=24, stream=True)) as stream:
+        waiting = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=24, logprobs=1, echo=True)))
+        await stream.content.readuntil(b"\n\n")
+        await wait_until_async(lambda: fake_engine.num_running == 2, 5.0, "both requests running")
+        await asyncio.sleep(0.2)
+        await fake_engine.stop()
+        assert await get_status(gateway, "/health") == 503
+        status, body = await gateway.post("/v1/completions", completion())  # a new request still gets its 503
+        assert_openai_error(status, body, 503)
+
+        restarted = FakeEngine(fake_engine.address, step_interval=0.05)
+        await restarted.start()
+        try:
+            events = parse_sse((await asyncio.wait_for(stream.read(), 5.0)).decode())
+            status, body = await asyncio.wait_for(waiting, 5.0)
+        finally:
+            await restarted.stop()
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    text = "".join(event["choices"][0]["delta"].get("content", "") for event in events[:-1])
+    assert text == expected[1]["choices"][0]["text"].removeprefix("hello")
+    assert status == 200 and body == {**expected[1], "id": body["id"], "created": body["created"]}
+    # each went on after the tokens it had, without asking again for the prompt's logprobs it had
+    resumed = {generate.request_id: generate for generate in restarted.received}
+    assert len(resumed) == 2 and all(0 < len(g.output_token_ids) < 24 for g in resumed.values())
+    assert all(g.sampling.prompt_logprobs is None for g in resumed.values())
+
+
+@pytest.mark.parametrize("comeback", ["the same engine", "another model"])
+async def test_requests_of_a_lost_engine_fail_on_an_engine_that_cannot_resume_them(
+    fake_engine: FakeEngine, start_gateway: StartGateway, comeback: str
+):
+    """An engine answering under its old id may still hold them; another model cannot go on with them."""
+    gateway = await start_gateway(fake_engine, engine_resume_wait=5.0)
+    fake_engine.step_interval = 0.05
+    request = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
+    await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+    await fake_engine.stop()
+    same = comeback == "the same engine"
+    restarted = FakeEngine(fake_engine.address, **({"engine_id": fake_engine.engine_id} if same else {"vocab_size": 301}))
+    await restarted.start()
+    try:
+        status, body = await asyncio.wait_for(request, 5.0)
+        message = assert_openai_error(status, body, 503)["message"]
+        assert ("stopped answering" if same else "another model") in message and restarted.received == []
         status, _ = await gateway.post("/v1/completions", completion(max_tokens=2))
         assert status == 200
     finally:
@@ -378,6 +440,22 @@ async def test_new_engine_id_fails_requests_in_flight(fake_engine: FakeEngine, g
     status, body = await asyncio.wait_for(request, 5.0)
     assert_openai_error(status, body, 503)
     await wait_until_async(lambda: gateway.client.ready, 5.0, "ready with the new engine id")
+    assert gateway.client.model is not None and gateway.client.model.engine_id == fake_engine.engine_id
+
+
+async def test_new_engine_id_resumes_requests_in_flight_with_engine_resume_wait(
+    fake_engine: FakeEngine, start_gateway: StartGateway
+):
+    gateway = await start_gateway(fake_engine, engine_resume_wait=5.0)
+    fake_engine.step_interval = 0.05
+    _, expected = await gateway.post("/v1/completions", completion(max_tokens=20))
+    request = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=20)))
+    await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+    await asyncio.sleep(0.2)
+    fake_engine.restart_in_place()
+    status, body = await asyncio.wait_for(request, 5.0)
+    assert status == 200 and body["choices"] == expected["choices"]
+    assert 0 < len(fake_engine.received[-1].output_token_ids) < 20
     assert gateway.client.model is not None and gateway.client.model.engine_id == fake_engine.engine_id
 
 

@@ -176,6 +176,34 @@ def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloa
         assert stop_process(process, timeout=30) == 0
 
 
+def test_with_engine_resume_wait_a_stream_whose_engine_is_killed_goes_on_with_the_same_tokens(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
+            "--num-blocks", "64", "--block-size", "4", "--engine-resume-wait", "120"]
+    with spawned(argv, log) as process:
+        wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        request = {"model": str(model_dir), "prompt": "hello", "max_tokens": 200, "temperature": 1.0, "seed": 5,
+                   "extra_body": {"ignore_eos": True}}
+        expected = client.completions.create(**request).choices[0].text
+        stream = client.completions.create(**request, stream=True)
+        text = next(iter(stream)).choices[0].text
+        engine = _child_pids(process.pid, "ember_engine")[0]
+        os.kill(engine, signal.SIGSTOP)  # mid-generation, before the rest of its 200 tokens
+        os.kill(engine, signal.SIGKILL)
+        chunks = list(stream)
+        text += "".join(chunk.choices[0].text for chunk in chunks)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert text == expected
+        assert "the engine exited with signal SIGKILL; restarting it" in log.read_text()
+        assert re.search(r"resumed 1 requests in flight on engine", log.read_text())
+        process.send_signal(signal.SIGTERM)
+        assert stop_process(process, timeout=30) == 0
+
+
 def test_ember_serve_stops_when_the_engine_cannot_start(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     argv = ["-m", "ember_core.cli", "serve", "--model", str(tmp_path / "no-such-model"), "--port", str(free_port())]
