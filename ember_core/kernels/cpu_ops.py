@@ -31,15 +31,26 @@ class KernelUnavailableError(RuntimeError):
     """The C++ extension could not be built or loaded on this machine."""
 
 
-def _cpu_tag() -> str:
-    # The build uses -march=native, and torch_extensions caches by name: a home directory shared
-    # with a machine of another CPU must not load this one's binary, so the name carries its flags.
+def _build_tag() -> str:
+    # Builds are cached by name. The build uses -march=native, so a home directory shared with a
+    # machine of another CPU must not load this one's binary: the name carries the CPU's flags. It
+    # also carries the Python and torch versions the binary is built for, and where the sources are:
+    # two checkouts sharing one name would rebuild over each other's binary at every start.
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             flags = next((line for line in cpuinfo if line.startswith("flags")), "")
     except OSError:
         flags = ""
-    return hashlib.sha1((flags or platform.processor()).encode()).hexdigest()[:10]
+    key = f"{flags or platform.processor()}\n{sys.version_info[:2]}\n{torch.__version__}\n{Path(__file__).parent.resolve()}"
+    return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def build_directory() -> Path:
+    """Where the extension is built and cached: under TORCH_EXTENSIONS_DIR or torch's default root."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / f"ember_cpu_ops_{_build_tag()}"
 
 
 def _put_venv_ninja_on_path() -> None:
@@ -51,16 +62,27 @@ def _put_venv_ninja_on_path() -> None:
 
 
 def _build() -> None:
+    import fcntl
+
     from torch.utils import cpp_extension
 
     _put_venv_ninja_on_path()
-    cpp_extension.load(
-        name=f"ember_cpu_ops_{_cpu_tag()}",
-        sources=[str(source) for source in _SOURCES],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-    )
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    # torch's own build lock is a file, which a build killed midway (a Ctrl-C at the first start)
+    # leaves behind, and every later load then waits on it forever. An OS lock dies with its
+    # process: whoever holds it knows no other ember process is building, so such a file is stale.
+    with open(directory / "ember-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        cpp_extension.load(
+            name=directory.name,
+            sources=[str(source) for source in _SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+        )
 
 
 def _fake(
