@@ -7,16 +7,18 @@ gathered blocks. One entry point, so the models never see which.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.bias import causal_lower_right
-from torch.nn.attention.flex_attention import BlockMask
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.flex_decode import flex_decode_attention
 from ember_core.layers.linear import SMALL_BATCH_ROWS
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 @dataclass
@@ -132,12 +134,22 @@ def paged_attention(
         if p.context_len == p.num_tokens:
             attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            # Query i sits at position context_len - num_tokens + i and sees the keys up to it: a
-            # causal mask aligned to the lower right, which the flash kernel applies without building it.
-            mask = causal_lower_right(p.num_tokens, p.context_len)
+            mask = _lower_right_causal_mask(p.num_tokens, p.context_len, query.device)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[p.token_start : p.token_start + p.num_tokens] = (attn[0] if long_chunk else attn).transpose(0, 1)
     return out
+
+
+def _lower_right_causal_mask(num_tokens: int, context_len: int, device: torch.device) -> torch.Tensor | object:
+    """Query i sits at position context_len - num_tokens + i and sees the keys up to it. On CUDA,
+    torch's CausalBias, which the flash kernel applies without building it. On CPU, SDPA builds
+    that bias into this very mask anyway (same bits), and importing torch.nn.attention.bias pulls in
+    torch._dynamo: ~2 s of every engine start."""
+    if device.type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(num_tokens, context_len)
+    return torch.ones(num_tokens, context_len, dtype=torch.bool, device=device).tril(context_len - num_tokens)
 
 
 class PagedAttention(nn.Module):

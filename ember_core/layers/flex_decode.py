@@ -6,16 +6,21 @@ each row reads only the blocks its sequence holds, in place.
 
 Rows are padded to a power of two and compiled with static shapes: one compile per bucket, reused
 by every step of that size whatever the context lengths (the mask's tensors change, not its shape).
+
+torch's FlexAttention is imported on first use: it pulls in torch._dynamo, ~2 s that an engine on
+the C++ kernel (CPU) should not spend at every start.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-import torch._dynamo
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 
 def padded_rows(num_decodes: int) -> int:
@@ -24,6 +29,9 @@ def padded_rows(num_decodes: int) -> int:
 
 @functools.cache
 def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
     # One static-shape graph per bucket: 2^31 decode rows need 32, above dynamo's default of 8.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     return torch.compile(flex_attention, dynamic=False)
@@ -31,6 +39,7 @@ def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
 
 def decode_block_mask(block_tables: torch.Tensor, context_lens: torch.Tensor, num_cache_blocks: int, block_size: int) -> BlockMask:
     """block_tables [num_decodes, max_blocks] int32 (padded), context_lens [num_decodes] int32."""
+    from torch.nn.attention.flex_attention import BlockMask
     num_decodes, max_blocks = block_tables.shape
     rows = padded_rows(num_decodes)
     device = block_tables.device

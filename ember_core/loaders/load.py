@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,31 @@ class LoadedModel:
     stop_token_ids: frozenset[int]  # EOS and end-of-turn ids
 
 
+# What torch's layers call in reset_parameters.
+_WEIGHT_INITS = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_", "constant_", "trunc_normal_")
+
+
+@contextlib.contextmanager
+def _without_weight_init() -> Iterator[None]:
+    """The layers' random init is skipped: the checkpoint overwrites every weight, and on the meta
+    device torch runs that init through decompositions that import torch._dynamo, ~2 s of every
+    engine start."""
+    originals = {name: getattr(nn.init, name) for name in _WEIGHT_INITS}
+    for name in _WEIGHT_INITS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, init in originals.items():
+            setattr(nn.init, name, init)
+
+
 def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Build the module without allocating random weights, then fill it from the checkpoint."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _without_weight_init():
             model = build()
     finally:
         torch.set_default_dtype(previous)
