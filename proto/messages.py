@@ -43,6 +43,7 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    min_p: float = 0.0
 
 
 # gateway -> engine

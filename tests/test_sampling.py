@@ -62,6 +62,30 @@ def test_top_k_limits_the_candidates() -> None:
     assert _draws(logits, SamplingParams(top_k=2, seed=0), 300) == {3, 4}
 
 
+def test_min_p_leaves_out_tokens_below_its_share_of_the_most_likely_one() -> None:
+    probs = [0.5, 0.3, 0.15, 0.05]
+    logits = [math.log(p) for p in probs]
+    assert _draws(logits, SamplingParams(min_p=0.5, seed=0), 300) == {0, 1}  # 0.3 >= 0.25 > 0.15
+    assert _draws(logits, SamplingParams(min_p=0.3, seed=0), 400) == {0, 1, 2}  # 0.15 >= 0.15
+    assert _draws(logits, SamplingParams(min_p=1.0, seed=0), 100) == {0}
+    # after temperature: at T=2 the probabilities flatten, and 0.05 passes where it did not
+    assert _draws(logits, SamplingParams(min_p=0.3, temperature=2.0, seed=0), 600) == {0, 1, 2, 3}
+    # top-p then sees what min-p left, renormalised: 0.5 / 0.8 = 0.625 < 0.7
+    assert _draws(logits, SamplingParams(min_p=0.5, top_p=0.7, seed=0), 300) == {0, 1}
+    assert _draws(logits, SamplingParams(min_p=0.5, top_p=0.6, seed=0), 100) == {0}
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)
+
+
+def test_min_p_applies_to_its_own_rows_of_a_batch() -> None:
+    row = torch.tensor([[math.log(p) for p in (0.4, 0.35, 0.25)]])
+    for i in range(200):
+        batch = [SamplingRequest(SamplingParams(seed=1), i), SamplingRequest(SamplingParams(min_p=0.8, seed=1), i)]
+        free, limited = sample(row.repeat(2, 1), batch)
+        assert free.token_id == sample(row.clone(), batch[:1])[0].token_id
+        assert limited.token_id in (0, 1)
+
+
 def test_sampled_frequencies_follow_the_distribution() -> None:
     probs = torch.tensor([0.6, 0.3, 0.1])
     row = probs.log().unsqueeze(0)

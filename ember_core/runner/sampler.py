@@ -1,4 +1,4 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+"""Batched sampling: greedy, temperature, min-p, top-k, top-p, per-request seeds, logprobs.
 
 A random row draws one uniform number u and takes the token where the cumulative probability
 (over the vocabulary, or over its top-k / top-p candidates sorted by probability) first reaches
@@ -65,6 +65,14 @@ def _nucleus(probs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.T
     return values.masked_fill(remove, 0.0), ids
 
 
+def _min_p(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Each row without the tokens below min_p x its most likely one's probability, renormalised
+    (as vLLM applies it: before top-k / top-p, which then see what is left)."""
+    thresholds = torch.tensor(min_p, device=probs.device).unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    kept = probs.masked_fill(probs < thresholds, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
 def _select(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """tensor[rows] without the copy when rows is every row in order."""
     return tensor if rows == list(range(tensor.shape[0])) else tensor[rows]
@@ -74,6 +82,9 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
     params = [req.params for req in requests]
     temperatures = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
     probs = (logits / temperatures).softmax(dim=-1)
+    min_p_rows = [i for i, p in enumerate(params) if p.min_p > 0]
+    if min_p_rows:
+        probs[min_p_rows] = _min_p(probs[min_p_rows], [params[i].min_p for i in min_p_rows])
     uniforms = _uniforms(requests, logits.device)
     token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
     filtered = [i for i, p in enumerate(params) if p.top_k or p.top_p < 1]

@@ -54,6 +54,7 @@ def build_plans(
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=max(body.top_k or 0, 0),
+                min_p=body.min_p or 0.0,
                 seed=None if body.seed is None else (body.seed + choice) % _SEED_SPACE,
                 stop_token_ids=stop_token_ids,
                 ignore_eos=body.ignore_eos,

@@ -1,9 +1,9 @@
 """Request bodies as msgspec Structs: types and ranges are checked while decoding.
 
 Unknown fields are ignored. Fields OpenAI defines that ember does not implement (response_format,
-tool_choice, best_of, suffix) are accepted at their no-op values, which SDKs and frameworks send,
-and any other value is a 400: silently unconstrained output would look like a model bug to the
-client.
+tool_choice, best_of, suffix), and vLLM's extensions it does not implement (guided decoding, beam
+search, bad_words, ...), are accepted at their no-op values, which SDKs and frameworks send, and
+any other value is a 400: silently unconstrained output would look like a model bug to the client.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     top_k: Annotated[int, Meta(ge=-1)] | None = None  # extension; 0 and -1 mean off
+    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # extension (vLLM's); 0 means off
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # any int64, as vLLM
@@ -55,6 +56,16 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None  # the legacy tool_choice
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    use_beam_search: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
@@ -82,6 +93,10 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    # vLLM's: end the prompt with the assistant's turn header; or leave the last (assistant) message
+    # open, for the model to go on with it
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 _DECODERS = {body_type: msgspec.json.Decoder(body_type) for body_type in (CompletionRequest, ChatCompletionRequest)}
@@ -102,8 +117,24 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
         raise ApiError(400, f"invalid request: {message}", param=param or None) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec decodes nesting recursively: thousands of levels deep
+        raise ApiError(400, "the request body is nested too deeply") from None
     reject_unsupported_values(body)
     return body
+
+
+# vLLM's extensions ember does not implement, and what to do instead
+_VLLM_EXTENSIONS_NOT_IMPLEMENTED = {
+    **dict.fromkeys(
+        ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"),
+        "ember cannot constrain output to a format",
+    ),
+    "use_beam_search": "sample with n instead",
+    "bad_words": "use logit_bias against their tokens",
+    "allowed_token_ids": "use logit_bias",
+    "prompt_logprobs": "send echo with logprobs (completions)",
+    "truncate_prompt_tokens": "shorten the prompt",
+}
 
 
 def reject_unsupported_values(body: GenerationRequest) -> None:
@@ -118,6 +149,9 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
                 400, f"ember does not call tools: {name} must be \"none\" or \"auto\" (the model answers in text)",
                 param=name,
             )
+    for name, instead in _VLLM_EXTENSIONS_NOT_IMPLEMENTED.items():
+        if getattr(body, name) not in (None, False, [], {}):
+            raise ApiError(400, f"ember does not implement {name}: {instead}", param=name)
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options can only be given with stream: true", param="stream_options")
     if body.max_tokens == 0 and not (isinstance(body, CompletionRequest) and body.echo):

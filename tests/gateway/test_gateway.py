@@ -64,6 +64,31 @@ async def test_chat_content_parts_and_chat_template(gateway: Gateway, fake_engin
     assert prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"
 
 
+async def test_chat_prompt_options_developer_role_and_open_final_message(gateway: Gateway, fake_engine: FakeEngine):
+    async def prompt_of(**fields: Any) -> str:
+        status, body = await gateway.post("/v1/chat/completions", chat(max_tokens=1, **fields))
+        assert status == 200, body
+        return fake_engine.tokenizer.decode(fake_engine.received[-1].prompt_token_ids)
+
+    user = {"role": "user", "content": "hi"}
+    assert await prompt_of(messages=[{"role": "developer", "content": "be brief"}, user]) == await prompt_of(
+        messages=[{"role": "system", "content": "be brief"}, user]
+    )
+    assert await prompt_of(messages=[user], add_generation_prompt=False) == "<|im_start|>user\nhi<|im_end|>\n"
+    started = [user, {"role": "assistant", "content": "Once upon"}]
+    assert await prompt_of(messages=started, add_generation_prompt=False, continue_final_message=True) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nOnce upon"
+    )
+    for fields, param in [
+        ({"messages": started, "continue_final_message": True}, "continue_final_message"),
+        ({"messages": [user], "add_generation_prompt": False, "continue_final_message": True}, "messages"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "system"}, user]}, "messages[0].content"),
+    ]:
+        status, body = await gateway.post("/v1/chat/completions", chat(max_tokens=1, **fields))
+        assert assert_openai_error(status, body, 400)["param"] == param, fields
+
+
 async def test_completion_stream_equals_non_stream_and_include_usage(gateway: Gateway):
     body = completion(max_tokens=len(REPLY.encode()))
     _, whole = await gateway.post("/v1/completions", body)
@@ -154,10 +179,13 @@ async def test_n_and_prompt_lists_index_choices_and_derive_seeds(gateway: Gatewa
 async def test_sampling_fields_reach_the_engine(gateway: Gateway, fake_engine: FakeEngine):
     await gateway.post(
         "/v1/completions",
-        completion(max_tokens=3, temperature=0, top_p=0.5, top_k=-1, ignore_eos=True, min_tokens=2, stop_token_ids=[7]),
+        completion(
+            max_tokens=3, temperature=0, top_p=0.5, top_k=-1, min_p=0.1, ignore_eos=True, min_tokens=2, stop_token_ids=[7]
+        ),
     )
     sampling = fake_engine.received[-1].sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.top_k) == (3, 0.0, 0.5, 0)
+    assert sampling.min_p == 0.1
     assert (sampling.ignore_eos, sampling.min_tokens, sampling.stop_token_ids) == (True, 2, [7])
     assert sampling.logprobs is None
     await gateway.post("/v1/chat/completions", chat())

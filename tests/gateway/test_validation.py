@@ -40,6 +40,8 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, b"[1, 2]", 400, None),
     (COMPLETIONS, b'"a string"', 400, None),
     (COMPLETIONS, b"null", 400, None),
+    (COMPLETIONS, b'{"model": "fake-model", "prompt": "hi", "x": ' + b"[" * 10000 + b"]" * 10000 + b"}", 400, None),
+    (CHAT, b'{"model": "fake-model", "messages": ' + b'{"a":' * 100000 + b"1" + b"}" * 100000 + b"}", 400, None),
     (COMPLETIONS, raw({"prompt": "hi"}), 400, "model"),
     (COMPLETIONS, raw({"model": "fake-model"}), 400, "prompt"),
     (COMPLETIONS, raw({"model": 5, "prompt": "hi"}), 400, "model"),
@@ -67,6 +69,8 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(top_p=0), 400, "top_p"),
     (COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
     (COMPLETIONS, completion(top_k=-2), 400, "top_k"),
+    (COMPLETIONS, completion(min_p=1.5), 400, "min_p"),
+    (CHAT, chat(min_p=-0.1), 400, "min_p"),
     (COMPLETIONS, completion(n=0), 400, "n"),
     (COMPLETIONS, completion(n=100000), 400, "n"),
     (COMPLETIONS, completion(logprobs=21), 400, "logprobs"),
@@ -119,6 +123,15 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(function_call={"name": "f"}), 400, "function_call"),
     (COMPLETIONS, completion(best_of=3), 400, "best_of"),
     (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
+    # vLLM's extensions ember does not implement
+    (COMPLETIONS, completion(guided_json={"type": "object"}), 400, "guided_json"),
+    (CHAT, chat(guided_choice=["yes", "no"]), 400, "guided_choice"),
+    (CHAT, chat(structured_outputs={"regex": "a+"}), 400, "structured_outputs"),
+    (COMPLETIONS, completion(use_beam_search=True), 400, "use_beam_search"),
+    (CHAT, chat(bad_words=["x"]), 400, "bad_words"),
+    (COMPLETIONS, completion(allowed_token_ids=[72]), 400, "allowed_token_ids"),
+    (COMPLETIONS, completion(prompt_logprobs=1), 400, "prompt_logprobs"),
+    (CHAT, chat(truncate_prompt_tokens=5), 400, "truncate_prompt_tokens"),
 ]
 
 
@@ -153,7 +166,7 @@ async def test_unknown_fields_and_unimplemented_ones_at_their_no_op_values_are_a
         COMPLETIONS,
         {"model": "fake-model", "prompt": "hi", "max_tokens": 2, "user": "u1", "x": {"y": [1]}, "best_of": 2, "n": 2,
          "suffix": "", "logit_bias": {}, "presence_penalty": None, "frequency_penalty": None, "repetition_penalty": None,
-         "seed": -1},
+         "seed": -1, "use_beam_search": False, "bad_words": [], "guided_json": None, "min_p": 0},
     )
     assert status == 200, body
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
