@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import logging
 import os
 import sys
 from collections.abc import Callable
 
 from ember_bench.cli import add_bench_parser, run_bench
 from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
+from ember_core.log_level import add_log_level_argument, configure_logging
 
 
 def _env(name: str, default):
@@ -74,7 +74,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], None]]]:
     parser = argparse.ArgumentParser(prog="ember", description="ember LLM inference server")
-    parser.add_argument("--log-level", default="WARNING")
+    add_log_level_argument(parser, default=None)  # WARNING, or ember serve's own default
     parser.add_argument("--version", action="version", version=f"ember {importlib.metadata.version('ember')}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete prompts with the offline engine")
@@ -86,6 +86,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
     add_bench_parser(sub)
+    # every argument after `serve` is ember-serve's (main hands them over)
     sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP API (same as ember-serve)", add_help=False)
     return parser, {"generate": _generate, "bench": run_bench}
 
@@ -97,8 +98,14 @@ def main(argv: list[str] | None = None) -> None:
 
         return serve(argv[1:])
     parser, commands = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args, serve_argv = parser.parse_known_args(argv)
+    if args.command == "serve":  # `ember --log-level L serve ...`
+        from ember_engine.serve import main as serve
+
+        return serve((["--log-level", args.log_level] if args.log_level else []) + serve_argv)
+    if serve_argv:
+        parser.error(f"unrecognized arguments: {' '.join(serve_argv)}")
+    configure_logging(args.log_level or "WARNING")
     try:
         commands[args.command](args)
     except (ValueError, OSError) as exc:

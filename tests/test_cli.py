@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ember_core import LLM
+from ember_core import LLM, cli
+from ember_engine import serve
 
 
 def run_ember(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -96,3 +97,29 @@ def test_invalid_flag_value_in_the_environment_is_a_one_line_error() -> None:
     result = run_ember("generate", "hi", env={**os.environ, "EMBER_ENABLE_PREFIX_CACHING": "maybe"})
     assert result.returncode == 2
     assert result.stderr.strip() == "ember: error: EMBER_ENABLE_PREFIX_CACHING must be true or false, got 'maybe'"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["ember_core.cli", "--log-level", "LOUD", "generate", "hi"], ["ember_core.cli", "serve", "--log-level", "LOUD"],
+     ["ember_engine", "--log-level", "LOUD"], ["ember_gateway", "--log-level", "LOUD"]],
+    ids=["ember", "ember serve", "ember-engine", "ember-gateway"],
+)
+def test_a_bad_log_level_is_a_usage_error_before_anything_starts(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", *command], check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "argument --log-level: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (any case), got 'LOUD'"
+    )
+
+
+def test_ember_log_level_before_serve_goes_to_serve_with_serves_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_ember("--log-level", "info", "serve", "--port", "0", "--bogus")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "ember-serve: error: unrecognized arguments: --bogus"
+    parsed = []
+    monkeypatch.setattr(serve, "main", lambda argv: parsed.append(serve.build_parser().parse_args(argv)))
+    monkeypatch.delenv("EMBER_LOG_LEVEL", raising=False)
+    cli.main(["--log-level", "debug", "serve", "--port", "0"])
+    cli.main(["serve", "--port", "1"])
+    assert [(args.log_level, args.port) for args in parsed] == [("DEBUG", 0), ("INFO", 1)]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 
 from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+from ember_core.log_level import add_log_level_argument, configure_logging
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 
@@ -22,13 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-interval", type=float, default=os.environ.get("EMBER_HEARTBEAT_INTERVAL", 1.0))
     parser.add_argument("--shutdown-timeout", type=float, default=os.environ.get("EMBER_SHUTDOWN_TIMEOUT", 10.0),
                         help="seconds in-flight requests may finish after SIGTERM before they are aborted")
-    parser.add_argument("--log-level", default=os.environ.get("EMBER_LOG_LEVEL", "INFO"))
+    add_log_level_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     from ember_core.config import EngineConfig
     from ember_core.core.engine import Engine
     from ember_engine.worker import EngineWorker, WorkerOptions

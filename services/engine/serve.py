@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+from ember_core.log_level import add_log_level_argument
 from ember_gateway.cli import add_gateway_arguments, gateway_options_argv
 
 POLL_SECONDS = 0.2
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember-serve", description="serve a model on an OpenAI-compatible HTTP API")
     add_engine_arguments(parser)
     add_gateway_arguments(parser)
-    parser.add_argument("--log-level", default=os.environ.get("EMBER_LOG_LEVEL", "INFO"))
+    add_log_level_argument(parser)
     return parser
 
 

@@ -12,6 +12,7 @@ import sys
 
 from aiohttp import web
 
+from ember_core.log_level import add_log_level_argument, configure_logging
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
 
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen-fd", type=int, default=None,
         help="serve on this inherited listening socket instead of binding --host/--port (what `ember serve` passes)",
     )
-    parser.add_argument("--log-level", default=env("EMBER_LOG_LEVEL", "INFO"))
+    add_log_level_argument(parser)
     return parser
 
 
@@ -134,7 +135,7 @@ async def serve(config: GatewayConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         config = config_from_args(args)
     except ValueError as exc:
