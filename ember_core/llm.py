@@ -49,6 +49,8 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer files: pass prompts as lists of token ids")
             return self.tokenizer.encode_prompt(prompt)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise TypeError(f"a prompt is a string or a list of token ids, got {prompt!r:.80}")
         return list(prompt)
 
     def generate(
@@ -57,6 +59,8 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
+        if not isinstance(prompts, (str, list, tuple)):
+            raise TypeError(f"prompts must be a string, a list of token ids or a list of those, got {type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = params or SamplingParams()

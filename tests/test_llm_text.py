@@ -53,3 +53,10 @@ def test_stop_strings_are_validated() -> None:
     with pytest.raises(ValueError, match="non-empty strings"):
         SamplingParams(stop=["ok", ""])
     assert SamplingParams(stop="x").stop == ("x",)
+
+
+@pytest.mark.parametrize("prompts", [None, {"prompt_token_ids": [1, 2]}, [{"prompt": "hi"}], [[1, "2"]], [[1.5]], 7])
+def test_a_prompt_of_the_wrong_type_is_a_type_error_that_leaves_the_engine_free(llm: LLM, prompts) -> None:
+    with pytest.raises(TypeError, match="prompt"):
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert_pool_free(llm)

@@ -55,7 +55,11 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family, backlog=1024)
     except (OSError, OverflowError) as exc:  # OverflowError: a port outside 0-65535
-        reason = os.strerror(exc.errno) if getattr(exc, "errno", None) else exc
+        errno = getattr(exc, "errno", None)
+        if errno and errno < 0:  # the resolver's: create_server's message starts with its text
+            reason = exc.strerror.partition(" (while attempting")[0]
+        else:
+            reason = os.strerror(errno) if errno else exc
         sys.exit(f"ember: error: cannot listen on {host}:{port}: {reason}")
 
 

@@ -93,7 +93,8 @@ def _auth_middleware(api_key: str | None) -> web.Middleware:
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: web.Handler) -> web.StreamResponse:
-        if expected is not None and request.path not in _OPEN_PATHS:
+        # A CORS preflight never carries credentials: the CORS layer answers it, or routing does.
+        if expected is not None and request.path not in _OPEN_PATHS and request.method != "OPTIONS":
             scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
             # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):

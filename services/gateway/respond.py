@@ -56,9 +56,17 @@ class ResponseFormat(Protocol):
     def final_choice(self, result: ChoiceResult) -> dict[str, Any]: ...
 
 
+# What aiohttp decodes (br and zstd with the Brotli and backports.zstd packages); any other body
+# would be read as it is, compressed.
+_CONTENT_ENCODINGS = ("identity", "gzip", "deflate", "br", "zstd")
+
+
 async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, ServedModel, Body]:
     state = request.app[STATE]
     model = await state.await_model()
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in _CONTENT_ENCODINGS:
+        raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: use one of {', '.join(_CONTENT_ENCODINGS)}")
     try:
         raw = await request.read()
     except web.RequestPayloadError as exc:  # e.g. a body that is not what its Content-Encoding says

@@ -580,8 +580,13 @@ async def test_cors_preflight_and_headers_let_browsers_call_the_api(fake_engine:
         await response.read()
 
 
-async def test_cors_limited_to_the_allowed_origins(fake_engine: FakeEngine, start_gateway: StartGateway):
-    gateway = await start_gateway(fake_engine, allowed_origins=("https://app.example",))
+@pytest.mark.parametrize("api_key", [None, "sekret"])
+async def test_cors_limited_to_the_allowed_origins(
+    fake_engine: FakeEngine, start_gateway: StartGateway, api_key: str | None
+):
+    gateway = await start_gateway(fake_engine, allowed_origins=("https://app.example",), api_key=api_key)
+    if api_key:
+        gateway.http.headers["Authorization"] = f"Bearer {api_key}"
     async with gateway.http.get("/v1/models", headers={"Origin": "https://app.example"}) as response:
         assert response.headers["Access-Control-Allow-Origin"] == "https://app.example"
         assert response.headers["Vary"] == "Origin"
@@ -589,5 +594,6 @@ async def test_cors_limited_to_the_allowed_origins(fake_engine: FakeEngine, star
         assert "Access-Control-Allow-Origin" not in response.headers
         assert response.headers["Vary"] == "Origin"  # a shared cache must not hand this to another origin
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"}
-    async with gateway.http.options("/v1/completions", headers=preflight) as response:
+    async with gateway.http.options("/v1/completions", headers=preflight, auth=None) as response:
+        # never a 401: a preflight carries no credentials, with or without an API key
         assert response.status == 405 and "Access-Control-Allow-Origin" not in response.headers

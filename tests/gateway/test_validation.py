@@ -219,6 +219,16 @@ async def test_compressed_bodies_are_read_and_a_body_that_is_not_what_its_encodi
     assert error["message"].startswith("the request body could not be read")
 
 
+async def test_a_body_in_an_unknown_content_encoding_gets_415(gateway: Gateway):
+    request = raw({"model": "fake-model", "prompt": "hello", "max_tokens": 3})
+    headers = {"Content-Type": "application/json", "Content-Encoding": "xz"}
+    async with gateway.http.post(COMPLETIONS, data=request, headers=headers) as response:
+        assert "'xz'" in assert_openai_error(response.status, await response.json(), 415)["message"]
+    headers["Content-Encoding"] = "Identity"
+    async with gateway.http.post(COMPLETIONS, data=request, headers=headers) as response:
+        assert response.status == 200
+
+
 @pytest.mark.parametrize("encoding", COMPRESSORS)
 async def test_a_compressed_body_is_held_to_the_limit_once_decompressed(
     fake_engine: FakeEngine, start_gateway: StartGateway, encoding: str

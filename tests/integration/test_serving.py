@@ -244,3 +244,7 @@ def test_ember_serve_on_a_taken_port_stops_at_once_without_saying_ready(tmp_path
             assert process.returncode == 1
     text = log.read_text()
     assert text.strip() == f"ember: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    with spawned(["-m", "ember_core.cli", "serve", "--host", "256.1.1.1"], log) as process:
+        wait_until(lambda: process.poll() is not None, 30, "serve to give up")
+        assert process.returncode == 1
+    assert re.fullmatch(r"ember: error: cannot listen on 256\.1\.1\.1:8000: [A-Z][a-z ]+", log.read_text().strip())
