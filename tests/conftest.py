@@ -8,7 +8,6 @@ import pytest
 import torch
 
 
-
 def write_gpt2_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -35,9 +34,9 @@ def smollm2_gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_reader(smollm2_gguf_path: Path):
-    import gguf
+    from ember_core.loaders.gguf_loader import FastGGUFReader
 
-    return gguf.GGUFReader(smollm2_gguf_path)
+    return FastGGUFReader(smollm2_gguf_path)
 
 
 @pytest.fixture(scope="session")

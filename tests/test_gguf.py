@@ -16,7 +16,7 @@ from torch import nn
 from ember_core import LLM, SamplingParams
 from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear, StackedBlockLinear
-from ember_core.loaders.gguf_loader import load_gguf
+from ember_core.loaders.gguf_loader import FastGGUFReader, load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
 from ember_core.models.llama import Llama
 from ember_core.models.rotary import apply_rope, rope_cos_sin
@@ -583,3 +583,16 @@ def test_rejects_other_architectures(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ValueError, match="GGUF architecture 'gpt2' is not supported"):
         load_gguf(tmp_path / "gpt2.gguf", CPU, torch.float32)
+
+
+def test_the_fast_reader_reads_what_ggufs_reader_reads(smollm2_gguf_path: Path, smollm2_reader: FastGGUFReader) -> None:
+    reference = gguf.GGUFReader(smollm2_gguf_path)
+    assert type(smollm2_reader.data) is np.ndarray and isinstance(reference.data, np.memmap)
+    assert list(smollm2_reader.fields) == list(reference.fields)
+    for name, field in smollm2_reader.fields.items():
+        expected = reference.fields[name]
+        assert (field.types, field.data) == (expected.types, expected.data), name
+        assert all(np.array_equal(part, other) for part, other in zip(field.parts, expected.parts, strict=True)), name
+    for tensor, expected in zip(smollm2_reader.tensors, reference.tensors, strict=True):
+        assert (tensor.name, tensor.tensor_type, list(tensor.shape)) == (expected.name, expected.tensor_type, list(expected.shape))
+        assert np.array_equal(tensor.data, expected.data), tensor.name

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +22,20 @@ from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
 logger = logging.getLogger(__name__)
 
 _REQUIRED = object()
+
+
+class FastGGUFReader(gguf.GGUFReader):
+    """gguf's reader over a plain ndarray view of the file's memory map. Every slice of a
+    np.memmap is a memmap, whose bookkeeping made parsing SmolLM2's metadata (its ~98,000
+    vocabulary and merge strings) take 5.2 s instead of 1.1; the values are the same."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:  # GGUFReader.__init__ assigns its np.memmap here
+        self._plain_data = value.view(np.ndarray)  # the view keeps the map open
 
 
 def _metadata(reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
@@ -94,7 +109,7 @@ def load_gguf(
     path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = True
 ) -> tuple[nn.Module, Tokenizer]:
     """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS weights from their blocks (gguf_blocks.py)."""
-    reader = gguf.GGUFReader(path)
+    reader = FastGGUFReader(path)
     config = llama_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)
