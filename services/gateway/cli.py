@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
@@ -15,11 +16,29 @@ from aiohttp import web
 from ember_core.log_level import add_log_level_argument, configure_logging
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
+from ember_gateway.state import STATE
 
 logger = logging.getLogger("ember_gateway")
 
 # In-flight requests get this long to finish after SIGTERM before their connections are closed.
 SHUTDOWN_GRACE_S = 10.0
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _positive_seconds(value: str) -> float:
+    seconds = _seconds(value)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {value!r}")
+    return seconds
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +54,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine requests (prompts x n) in flight before answering 429 (EMBER_MAX_PENDING)",
     )
     parser.add_argument(
-        "--request-timeout", type=float, default=env("EMBER_REQUEST_TIMEOUT"),
+        "--request-timeout", type=_positive_seconds, default=env("EMBER_REQUEST_TIMEOUT"),
         help="seconds a request may take before it is aborted; default none (EMBER_REQUEST_TIMEOUT)",
     )
     parser.add_argument(
@@ -47,15 +66,15 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="served model name; default the engine's model id (EMBER_MODEL_NAME)",
     )
     parser.add_argument(
-        "--engine-timeout", type=float, default=env("EMBER_ENGINE_TIMEOUT", "30"),
+        "--engine-timeout", type=_positive_seconds, default=env("EMBER_ENGINE_TIMEOUT", "30"),
         help="seconds of engine silence before it counts as gone (a hung engine; it heartbeats during long steps) (EMBER_ENGINE_TIMEOUT)",
     )
     parser.add_argument(
-        "--engine-wait", type=float, default=env("EMBER_ENGINE_WAIT", "5"),
+        "--engine-wait", type=_seconds, default=env("EMBER_ENGINE_WAIT", "5"),
         help="seconds a request arriving while no engine is ready waits for one before 503 (EMBER_ENGINE_WAIT)",
     )
     parser.add_argument(
-        "--engine-resume-wait", type=float, default=env("EMBER_ENGINE_RESUME_WAIT", "0"),
+        "--engine-resume-wait", type=_seconds, default=env("EMBER_ENGINE_RESUME_WAIT", "0"),
         help="seconds requests in flight on a lost engine wait for a restarted one, which continues them where they "
         "were; 0: they fail at once (EMBER_ENGINE_RESUME_WAIT)",
     )
@@ -126,6 +145,7 @@ async def serve(config: GatewayConfig) -> None:
             logger.info("listening on http://%s:%d (engine %s)", address[0], address[1], config.engine_address)
         await stop.wait()
         logger.info("shutting down")
+        runner.app[STATE].client.stop_resuming("the gateway is shutting down")
     finally:
         # Stops listening, lets in-flight requests finish, then closes the engine socket and the
         # zmq context (app cleanup).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -40,14 +41,14 @@ class GatewayConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {self.max_pending}")
-        if self.request_timeout is not None and self.request_timeout <= 0:
-            raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
-        if self.engine_wait < 0:
-            raise ValueError(f"engine_wait must be >= 0, got {self.engine_wait}")
-        if self.engine_resume_wait < 0:
-            raise ValueError(f"engine_resume_wait must be >= 0, got {self.engine_resume_wait}")
-        if self.engine_timeout <= 0:
-            raise ValueError(f"engine_timeout must be > 0, got {self.engine_timeout}")
+        # `not 0 < x < inf` also rejects nan
+        if self.request_timeout is not None and not 0 < self.request_timeout < math.inf:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        for name in ("engine_wait", "engine_resume_wait"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        if not 0 < self.engine_timeout < math.inf:
+            raise ValueError(f"engine_timeout must be > 0 seconds, got {self.engine_timeout}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.api_key == "":

@@ -169,6 +169,12 @@ class EngineClient:
         if self._context is not None:
             self._context.term()
 
+    def stop_resuming(self, reason: str) -> None:
+        """No engine will resume requests from now on (the gateway is stopping): those waiting for
+        one fail now, and later losses fail their requests at once."""
+        self._resume_wait_s = 0.0
+        self._fail(self._parked, f"the engine became unavailable ({reason})")
+
     def submit(self, generates: list[Generate]) -> asyncio.Queue[Output]:
         """Send the engine requests; their outputs arrive on the returned queue, tagged with their
         index in generates. Raises ApiError 503 when the engine cannot take them."""

@@ -14,7 +14,7 @@ from types import TracebackType
 
 from ember_core.tokenizer import OutputText, StopRules
 from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
-from ember_gateway.errors import ApiError
+from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.metrics import GatewayMetrics
 from ember_proto import Generate, RequestDelta, SamplingOptions, TokenLogprobs, WireFinishReason
 
@@ -131,6 +131,8 @@ class Generation:
             if self._choices[index].finished:
                 continue  # queued before a stop string ended the choice
             if isinstance(item, EngineFailure):
+                if item.status == 503:
+                    raise engine_unavailable(item.message)
                 raise ApiError(item.status, item.message, type=_error_type(item.status))
             if item.finish_reason == WireFinishReason.ABORT:
                 raise self._timeout_error() if self._past_deadline() else ApiError(
@@ -214,6 +216,4 @@ def _logprobs(token_ids: list[int], entries: list[TokenLogprobs]) -> list[TokenL
 
 
 def _error_type(status: int) -> str:
-    if status == 400:
-        return "invalid_request_error"
-    return "service_unavailable_error" if status == 503 else "server_error"
+    return "invalid_request_error" if status == 400 else "server_error"

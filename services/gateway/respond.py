@@ -70,7 +70,8 @@ async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewaySt
     try:
         raw = await request.read()
     except web.RequestPayloadError as exc:  # e.g. a body that is not what its Content-Encoding says
-        raise ApiError(400, f"the request body could not be read: {exc.__cause__ or exc}") from None
+        cause = exc.__cause__ or exc
+        raise ApiError(400, f"the request body could not be read: {getattr(cause, 'message', cause)}") from None
     body = decode_body(raw, body_type)
     if body.model != model.name:
         raise ApiError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")

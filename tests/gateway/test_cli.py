@@ -42,6 +42,10 @@ def test_empty_api_key_from_the_environment_means_no_auth(monkeypatch: pytest.Mo
         ["--engine", "tcp://h:1", "--max-pending", "0"],
         ["--engine", "tcp://h:1", "--port", "x"],
         ["--engine", "tcp://h:1", "--request-timeout", "-1"],
+        ["--engine", "tcp://h:1", "--request-timeout", "inf"],
+        ["--engine", "tcp://h:1", "--engine-wait", "nan"],
+        ["--engine", "tcp://h:1", "--engine-resume-wait", "-1"],
+        ["--engine", "tcp://h:1", "--engine-resume-wait", "soon"],
     ],
 )
 def test_bad_settings_are_usage_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):

@@ -424,6 +424,22 @@ async def test_engine_death_mid_stream_requests_resume_on_the_restarted_engine_w
     assert all(g.sampling.prompt_logprobs is None for g in resumed.values())
 
 
+async def test_a_stopping_gateway_fails_the_requests_waiting_for_an_engine_at_once(
+    fake_engine: FakeEngine, start_gateway: StartGateway
+):
+    """As when `ember serve` gives up restarting its engine: nothing will resume them."""
+    gateway = await start_gateway(fake_engine, engine_resume_wait=60.0)
+    fake_engine.step_interval = 0.05
+    request = asyncio.create_task(gateway.post("/v1/completions", completion(max_tokens=40)))
+    await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
+    await fake_engine.stop()
+    await wait_until_async(lambda: not gateway.client.ready, 5.0, "the engine lost")
+    gateway.client.stop_resuming("the gateway is shutting down")
+    status, body = await asyncio.wait_for(request, 2.0)
+    error = assert_openai_error(status, body, 503)
+    assert error["code"] == "engine_unavailable" and "shutting down" in error["message"]
+
+
 @pytest.mark.parametrize("comeback", ["the same engine", "another model"])
 async def test_requests_of_a_lost_engine_fail_on_an_engine_that_cannot_resume_them(
     fake_engine: FakeEngine, start_gateway: StartGateway, comeback: str
