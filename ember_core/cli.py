@@ -85,6 +85,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
+    add_log_level_argument(gen, default=argparse.SUPPRESS)  # as `ember --log-level L generate`
     add_bench_parser(sub)
     # every argument after `serve` is ember-serve's (main hands them over)
     sub.add_parser("serve", help="serve a model on an OpenAI-compatible HTTP API (same as ember-serve)", add_help=False)

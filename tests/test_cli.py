@@ -101,9 +101,10 @@ def test_invalid_flag_value_in_the_environment_is_a_one_line_error() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["ember_core.cli", "--log-level", "LOUD", "generate", "hi"], ["ember_core.cli", "serve", "--log-level", "LOUD"],
+    [["ember_core.cli", "--log-level", "LOUD", "generate", "hi"], ["ember_core.cli", "generate", "--log-level", "LOUD", "hi"],
+     ["ember_core.cli", "bench", "offline", "--log-level", "LOUD"], ["ember_core.cli", "serve", "--log-level", "LOUD"],
      ["ember_engine", "--log-level", "LOUD"], ["ember_gateway", "--log-level", "LOUD"]],
-    ids=["ember", "ember serve", "ember-engine", "ember-gateway"],
+    ids=["ember", "ember generate", "ember bench offline", "ember serve", "ember-engine", "ember-gateway"],
 )
 def test_a_bad_log_level_is_a_usage_error_before_anything_starts(command: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", *command], check=False, capture_output=True, text=True, timeout=120)
@@ -123,3 +124,11 @@ def test_ember_log_level_before_serve_goes_to_serve_with_serves_flags(monkeypatc
     cli.main(["--log-level", "debug", "serve", "--port", "0"])
     cli.main(["serve", "--port", "1"])
     assert [(args.log_level, args.port) for args in parsed] == [("DEBUG", 0), ("INFO", 1)]
+
+
+def test_log_level_after_a_subcommand_or_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBER_LOG_LEVEL", raising=False)
+    parser, _ = cli.build_parser()
+    assert parser.parse_args(["generate", "--log-level", "debug", "hi"]).log_level == "DEBUG"
+    assert parser.parse_args(["--log-level", "error", "generate", "hi"]).log_level == "ERROR"
+    assert parser.parse_args(["generate", "hi"]).log_level is None  # WARNING, set by main

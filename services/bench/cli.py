@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
+from ember_core.log_level import add_log_level_argument, configure_logging
 
 from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
 
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ember bench", description="benchmark an ember server or engine")
     _add_commands(parser)
     args = parser.parse_args(argv)
+    configure_logging(getattr(args, "log_level", "WARNING"))
     try:
         run_bench(args)
     except (ValueError, OSError) as exc:
@@ -64,8 +66,10 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
                        help="SLOs for goodput, any of ttft:MS tpot:MS e2e:MS")
     serve.add_argument("--output-json", metavar="PATH", help="write the configuration and every number here")
     serve.set_defaults(bench_handler=_serve)
+    add_log_level_argument(serve, default=argparse.SUPPRESS)  # as `ember --log-level L bench serve`
 
     offline = commands.add_parser("offline", help="the in-process engine across batching, admission and dtype settings")
+    add_log_level_argument(offline, default=argparse.SUPPRESS)
     _add_workload_arguments(offline, "words, or token ids when the model has no tokenizer")
     defaults = EngineConfig()
     offline.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
