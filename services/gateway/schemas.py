@@ -97,6 +97,7 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     # open, for the model to go on with it
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # vLLM's, not implemented: only false passes
 
 
 _DECODERS = {body_type: msgspec.json.Decoder(body_type) for body_type in (CompletionRequest, ChatCompletionRequest)}
@@ -161,3 +162,5 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
             raise ApiError(400, "ember does not implement best_of: leave it out or send n", param="best_of")
         if body.suffix:
             raise ApiError(400, "ember does not implement suffix (insertion): leave it out", param="suffix")
+    elif body.echo:
+        raise ApiError(400, "ember does not implement echo for chat: the reply holds the new text only", param="echo")

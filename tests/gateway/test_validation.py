@@ -132,6 +132,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(allowed_token_ids=[72]), 400, "allowed_token_ids"),
     (COMPLETIONS, completion(prompt_logprobs=1), 400, "prompt_logprobs"),
     (CHAT, chat(truncate_prompt_tokens=5), 400, "truncate_prompt_tokens"),
+    (CHAT, chat(echo=True), 400, "echo"),
 ]
 
 
