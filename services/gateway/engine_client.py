@@ -327,6 +327,7 @@ class EngineClient:
             logger.warning("engine unavailable: %s", reason)
         self._ready.clear()
         self._connection_epoch += 1
+        self.stats = None  # the lost engine's gauges are unknown now, not its last values
         if not self._routes:
             return
         # The engine may still be alive (only silent): stop it spending work on these.

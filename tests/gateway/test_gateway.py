@@ -376,6 +376,8 @@ async def test_engine_death_mid_stream_ends_every_request_then_recovers(
     status, body = await asyncio.wait_for(waiting, 5.0)
     message = assert_openai_error(status, body, 503)["message"]
     assert ("none came back within 1 s" if resume_wait else "lost the connection") in message
+    async with gateway.http.get("/metrics") as response:  # the dead engine's gauges are not reported
+        assert "ember_num_requests_running{" not in await response.text()
     assert await get_status(gateway, "/health") == 503
     status, body = await gateway.post("/v1/completions", completion())
     assert_openai_error(status, body, 503)
@@ -387,6 +389,8 @@ async def test_engine_death_mid_stream_ends_every_request_then_recovers(
         assert await get_status(gateway, "/health") == 200
         status, _ = await gateway.post("/v1/completions", completion(max_tokens=2))
         assert status == 200
+        async with gateway.http.get("/metrics") as response:  # reported again once an engine is back
+            assert "ember_num_requests_running{" in await response.text()
     finally:
         await restarted.stop()
 
