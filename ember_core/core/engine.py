@@ -108,9 +108,8 @@ class Engine:
         if not prompt_token_ids:
             raise RequestRejected("the prompt is empty")
         vocab_size = self.loaded.vocab_size
-        bad = next(
-            (t for t in (*prompt_token_ids, *output_token_ids) if not (isinstance(t, int) and 0 <= t < vocab_size)), None
-        )
+        token_ids = itertools.chain(prompt_token_ids, output_token_ids)
+        bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
         if bad is not None:
             raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})")
         if len(output_token_ids) >= max(params.max_tokens, 1):

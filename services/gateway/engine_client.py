@@ -249,7 +249,7 @@ class EngineClient:
                 continue  # finished, aborted or failed here already
             if delta.finish_reason is not None:
                 del routes[delta.request_id]
-            else:
+            elif self._resume_wait_s:  # kept only for a resume
                 route.output_token_ids.extend(delta.new_token_ids)
             route.queue.put_nowait(Output(route.index, delta, step_started_at))
 
