@@ -96,7 +96,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("num_kv_heads,group", [(3, 3), (2, 1), (1, 4)], ids=["gqa3", "mha", "mqa4"])
+@pytest.mark.parametrize("num_kv_heads,group", [(3, 3), (2, 1), (1, 4), (1, 5)], ids=["gqa3", "mha", "mqa4", "mqa5"])
 @pytest.mark.parametrize("head_dim", [64, 128, 80, 36])
 @pytest.mark.parametrize("block_size", [16, 5])
 def test_kernel_matches_reference(
