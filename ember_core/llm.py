@@ -3,30 +3,70 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.core.engine import Engine, EngineStats
 from ember_core.core.sequence import FinishReason, TokenLogprob
-from ember_core.sampling_params import SamplingParams
+from ember_core.sampling_params import SamplingParams, choice_seed
 from ember_core.tokenizer import OutputText, StopRules
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 
 
 @dataclass
+class CompletionOutput:
+    """One of a prompt's n completions (vLLM's CompletionOutput)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
 class RequestOutput:
+    """A prompt and its completions, shaped as vLLM's: `output.outputs[0].text`."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprob] | None = None
+    outputs: list[CompletionOutput]
     # of prompt tokens 1, 2, ... (the first has none), with SamplingParams(prompt_logprobs=...)
     prompt_logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(output.finish_reason is not None for output in self.outputs)
+
+    # The first completion's fields, for the common n=1 case: `output.text`.
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self.outputs[0].logprobs
+
+
+@dataclass
+class _Choice:
+    """An engine request of LLM.generate: one completion of one prompt."""
+
+    request: RequestOutput
+    completion: CompletionOutput
+    text: OutputText
 
 
 class LLM:
@@ -67,47 +107,54 @@ class LLM:
         param_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
-        outputs: dict[str, RequestOutput] = {}
-        texts: dict[str, OutputText] = {}
+        outputs: list[RequestOutput] = []
+        choices: dict[str, _Choice] = {}
         try:
             for i, (prompt, p) in enumerate(zip(prompts, param_list)):
-                request_id = f"offline-{id(outputs)}-{i}"
                 prompt_ids = self._prompt_ids(prompt)
                 if p.stop and self.tokenizer is None:
                     raise ValueError("stop strings need a tokenizer and this model has none; use stop_token_ids")
-                outputs[request_id] = RequestOutput(
-                    request_id,
+                request = RequestOutput(
+                    f"offline-{id(outputs)}-{i}",
                     prompt if isinstance(prompt, str) else None,
                     prompt_ids,
-                    logprobs=[] if p.logprobs is not None else None,
+                    [CompletionOutput(c, logprobs=[] if p.logprobs is not None else None) for c in range(p.n)],
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
                 )
-                texts[request_id] = OutputText(self.tokenizer, StopRules(p.stop, p.min_tokens, p.include_stop_str_in_output))
-                self.engine.add_request(request_id, prompt_ids, p)
-            self._run(outputs, texts, use_tqdm if use_tqdm is not None else len(outputs) >= PROGRESS_BAR_MIN_PROMPTS)
+                outputs.append(request)
+                for completion in request.outputs:
+                    # as the gateway's n: seed + choice, and the prompt's logprobs computed once
+                    choice_params = replace(
+                        p, seed=choice_seed(p.seed, completion.index),
+                        prompt_logprobs=p.prompt_logprobs if completion.index == 0 else None,
+                    )
+                    choice_id = f"{request.request_id}-{completion.index}"
+                    text = OutputText(self.tokenizer, StopRules(p.stop, p.min_tokens, p.include_stop_str_in_output))
+                    choices[choice_id] = _Choice(request, completion, text)
+                    self.engine.add_request(choice_id, prompt_ids, choice_params)
+            self._run(choices, use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS)
         except BaseException:
-            self.engine.abort(list(outputs))
+            self.engine.abort(list(choices))
             while self.engine.has_unfinished():
                 self.engine.step()
             raise
-        return list(outputs.values())
+        return outputs
 
-    def _run(self, outputs: dict[str, RequestOutput], texts: dict[str, OutputText], show_progress: bool) -> None:
-        with tqdm(total=len(outputs), desc="generate", unit="req", disable=not show_progress) as bar:
+    def _run(self, choices: dict[str, _Choice], show_progress: bool) -> None:
+        with tqdm(total=len(choices), desc="generate", unit="req", disable=not show_progress) as bar:
             while self.engine.has_unfinished():
                 for delta in self.engine.step():
-                    out = outputs[delta.request_id]
+                    choice = choices[delta.request_id]
+                    out = choice.completion
                     if out.finish_reason is not None:
                         continue  # the abort of an output a stop string ended
                     out.token_ids.extend(delta.new_token_ids)
                     if out.logprobs is not None:
                         out.logprobs.extend(delta.new_logprobs)
-                    if out.prompt_logprobs is not None:
-                        out.prompt_logprobs.extend(delta.prompt_logprobs)
+                    if choice.request.prompt_logprobs is not None:
+                        choice.request.prompt_logprobs.extend(delta.prompt_logprobs)
                     final = delta.finish_reason is not None
-                    match = texts[delta.request_id].push(
-                        delta.new_token_ids, final, stop_token=delta.finish_reason is FinishReason.STOP
-                    )
+                    match = choice.text.push(delta.new_token_ids, final, stop_token=delta.finish_reason is FinishReason.STOP)
                     out.text += match.text
                     if match.stopped:
                         self.engine.abort([delta.request_id])

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 # Below this, sampling is argmax up to float32 rounding, and logits / temperature overflow to inf
 # near 1e-38 (garbage tokens): such requests decode greedily, as in vLLM.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+_SEED_SPACE = 2**63
+
+
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of completion `choice` of a request's n: seed + choice, so the completions differ
+    and the first one is the request's with n=1."""
+    return None if seed is None else (seed + choice) % _SEED_SPACE
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    n: int = 1  # completions of the prompt (LLM.generate; the gateway sends one engine request per choice)
     max_tokens: int = 16  # 0: compute the prompt only (for its prompt_logprobs), generate nothing
     temperature: float = 1.0
     top_p: float = 1.0
@@ -38,6 +46,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
         if self.temperature < 0:

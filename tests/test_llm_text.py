@@ -60,3 +60,31 @@ def test_a_prompt_of_the_wrong_type_is_a_type_error_that_leaves_the_engine_free(
     with pytest.raises(TypeError, match="prompt"):
         llm.generate(prompts, SamplingParams(max_tokens=2))
     assert_pool_free(llm)
+
+
+def test_outputs_have_vllms_shape(llm: LLM, full) -> None:
+    assert full.finished and len(full.outputs) == 1
+    completion = full.outputs[0]
+    assert completion.index == 0 and completion.text == full.text == " Paris.\n\nThe answer is: 201"
+    assert completion.token_ids == full.token_ids and completion.finish_reason == full.finish_reason == "length"
+
+
+def test_n_completions_of_a_prompt_are_seeded_as_the_gateways(llm: LLM) -> None:
+    params = {"max_tokens": 8, "temperature": 1.0, "seed": 7, "logprobs": 1, "prompt_logprobs": 1}
+    out = llm.generate(PROMPT, SamplingParams(n=3, **params))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+    assert all(len(c.token_ids) == 8 and len(c.logprobs) == 8 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # seed + i: the completions differ
+    # completion i is the request with seed + i and n=1; the prompt's logprobs are computed once
+    for completion in out.outputs:
+        single = llm.generate(PROMPT, SamplingParams(**{**params, "seed": 7 + completion.index}))[0]
+        assert single.token_ids == completion.token_ids and single.text == completion.text
+        assert single.prompt_logprobs == out.prompt_logprobs
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids) - 1
+    assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("n", [0, 1.5, True])
+def test_n_must_be_a_positive_integer(n) -> None:
+    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+        SamplingParams(n=n)

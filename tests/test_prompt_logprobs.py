@@ -46,7 +46,9 @@ def test_chunked_or_preempted_prompts_are_scored_once_with_the_same_values(gpt2_
         assert llm.stats().num_preemptions > 0
     for got, want in zip(outputs, expected):
         assert got.token_ids == want.token_ids
-        assert [e.logprob for e in got.prompt_logprobs] == pytest.approx([e.logprob for e in want.prompt_logprobs], abs=1e-6)
+        # Other step batches may change BLAS's blocking, so values may move by an ulp or two (seen on
+        # AVX-512 machines); an entry scored twice, or at the wrong position, is off by far more.
+        assert [e.logprob for e in got.prompt_logprobs] == pytest.approx([e.logprob for e in want.prompt_logprobs], abs=1e-5)
     assert_pool_free(llm)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from ember_core.sampling_params import choice_seed
 from ember_core.tokenizer import StopRules
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.generation import ChoicePlan
 from ember_gateway.schemas import GenerationRequest
 from ember_proto import SamplingOptions
-
-_SEED_SPACE = 2**63
 
 
 def stop_rules(body: GenerationRequest, model: ServedModel) -> StopRules:
@@ -55,7 +54,7 @@ def build_plans(
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=max(body.top_k or 0, 0),
                 min_p=body.min_p or 0.0,
-                seed=None if body.seed is None else (body.seed + choice) % _SEED_SPACE,
+                seed=choice_seed(body.seed, choice),
                 stop_token_ids=stop_token_ids,
                 ignore_eos=body.ignore_eos,
                 min_tokens=body.min_tokens,
