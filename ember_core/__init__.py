@@ -3,11 +3,11 @@ torch-free parts (tokenizer) can be imported by the gateway."""
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput"]
+__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LLM", "RequestOutput"):
+    if name in ("LLM", "RequestOutput", "CompletionOutput"):
         from ember_core import llm
 
         return getattr(llm, name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ember_core import LLM, SamplingParams
+from ember_core import LLM, CompletionOutput, RequestOutput, SamplingParams
 from tests.conftest import assert_pool_free
 
 PROMPT = "The capital of France is"
@@ -63,8 +63,9 @@ def test_a_prompt_of_the_wrong_type_is_a_type_error_that_leaves_the_engine_free(
 
 
 def test_outputs_have_vllms_shape(llm: LLM, full) -> None:
-    assert full.finished and len(full.outputs) == 1
+    assert isinstance(full, RequestOutput) and full.finished and len(full.outputs) == 1
     completion = full.outputs[0]
+    assert isinstance(completion, CompletionOutput)
     assert completion.index == 0 and completion.text == full.text == " Paris.\n\nThe answer is: 201"
     assert completion.token_ids == full.token_ids and completion.finish_reason == full.finish_reason == "length"
 
