@@ -3,7 +3,7 @@ torch-free parts (tokenizer) can be imported by the gateway."""
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
