@@ -107,6 +107,9 @@ class LLM:
         param_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
         if len(param_list) != len(prompts):
             raise ValueError(f"got {len(param_list)} SamplingParams for {len(prompts)} prompts")
+        wrong = next((p for p in param_list if not isinstance(p, SamplingParams)), None)
+        if wrong is not None:
+            raise TypeError(f"params must be a SamplingParams or a list of them, got {type(wrong).__name__}")
         outputs: list[RequestOutput] = []
         choices: dict[str, _Choice] = {}
         try:

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Below this, sampling is argmax up to float32 rounding, and logits / temperature overflow to inf
 # near 1e-38 (garbage tokens): such requests decode greedily, as in vLLM.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 _SEED_SPACE = 2**63
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """A finite int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(valid: bool, message: str, value: object) -> None:
+    if not valid:
+        raise ValueError(f"{message}, got {value!r}")
 
 
 def choice_seed(seed: int | None, choice: int) -> int | None:
@@ -46,37 +61,38 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an integer >= 0, got {self.logprobs!r}")
-        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):
-            raise ValueError(f"prompt_logprobs must be an integer >= 0, got {self.prompt_logprobs!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        # The server's checks (services/gateway/schemas.py), for in-process callers: bools are not
+        # integers here, nan and inf are not numbers.
+        _check(_is_int(self.n) and self.n >= 1, "n must be an integer >= 1", self.n)
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 0, "max_tokens must be an integer >= 0", self.max_tokens)
+        _check(_is_real(self.temperature) and self.temperature >= 0, "temperature must be a number >= 0", self.temperature)
+        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]", self.top_p)
+        _check(_is_int(self.top_k) and self.top_k >= 0, "top_k must be an integer >= 0 (0 disables it)", self.top_k)
+        _check(_is_real(self.min_p) and 0 <= self.min_p <= 1, "min_p must be in [0, 1]", self.min_p)
+        _check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens must be an integer in [0, max_tokens]", self.min_tokens,
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or (_is_int(value) and value >= 0), f"{name} must be an integer >= 0", value)
+        _check(self.seed is None or (_is_int(self.seed) and -_SEED_SPACE <= self.seed < _SEED_SPACE),
+               "seed must be a 64-bit integer", self.seed)
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
-        if any(not isinstance(token, int) or not -100 <= bias <= 100 for token, bias in (self.logit_bias or {}).items()):
-            raise ValueError(f"logit_bias must map token ids to biases in [-100, 100], got {self.logit_bias!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+            value = getattr(self, name)
+            _check(_is_real(value) and -2 <= value <= 2, f"{name} must be in [-2, 2]", value)
+        _check(_is_real(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+               "repetition_penalty must be in (0, 2]", self.repetition_penalty)
+        _check(
+            isinstance(self.logit_bias, (dict, type(None)))
+            and all(_is_int(token) and _is_real(bias) and -100 <= bias <= 100 for token, bias in (self.logit_bias or {}).items()),
+            "logit_bias must map token ids to biases in [-100, 100]", self.logit_bias,
+        )
+        stop_token_ids = tuple(self.stop_token_ids or ())
+        _check(all(_is_int(token) and token >= 0 for token in stop_token_ids), "stop_token_ids must be token ids", self.stop_token_ids)
+        object.__setattr__(self, "stop_token_ids", stop_token_ids)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if any(not isinstance(text, str) or not text for text in stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        _check(all(isinstance(text, str) and text for text in stop), "stop must be non-empty strings", self.stop)
         object.__setattr__(self, "stop", stop)
 
     @property

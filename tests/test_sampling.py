@@ -205,3 +205,28 @@ def test_greedy_with_penalties_equals_a_reference_loop(gpt2_dir, gpt2_llm) -> No
         assert output.token_ids == generated
     unpenalized = gpt2_llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert [o.token_ids for o in outputs] != [o.token_ids for o in unpenalized]  # the penalties did something here
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", float("nan")), ("temperature", float("inf")), ("temperature", "1"), ("top_p", float("nan")),
+        ("max_tokens", True), ("top_k", True), ("seed", True), ("seed", 2**63), ("seed", 1.5), ("logprobs", True),
+        ("prompt_logprobs", 1.0), ("min_tokens", True), ("presence_penalty", float("nan")), ("min_p", None),
+        ("repetition_penalty", "1"), ("logit_bias", {True: 1.0}), ("logit_bias", {3: float("nan")}),
+        ("stop_token_ids", ["a"]), ("stop_token_ids", [-1]), ("stop_token_ids", [True]),
+    ],
+)
+def test_bad_values_are_rejected_as_the_server_rejects_them(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_generate_rejects_stop_token_ids_outside_the_vocabulary_and_params_of_another_type(gpt2_llm) -> None:
+    with pytest.raises(ValueError, match="stop_token_ids token id 10000000 is outside the vocabulary"):
+        gpt2_llm.generate([[1, 2]], SamplingParams(stop_token_ids=[10**7]))
+    with pytest.raises(TypeError, match="params must be a SamplingParams or a list of them, got dict"):
+        gpt2_llm.generate([[1, 2], [3]], [SamplingParams(), {"n": 2}])
+    with pytest.raises(TypeError, match="got generator"):
+        gpt2_llm.generate([[1, 2]], (SamplingParams() for _ in range(1)))
+    assert gpt2_llm.generate([[1, 2]], SamplingParams(max_tokens=2, seed=2**63 - 1))[0].finished

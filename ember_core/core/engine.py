@@ -116,9 +116,10 @@ class Engine:
             raise RequestRejected(
                 f"{len(output_token_ids)} tokens already generated leave none of max_tokens ({params.max_tokens})"
             )
-        bad = next((t for t in params.logit_bias or {} if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise RequestRejected(f"logit_bias token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+            if bad is not None:
+                raise RequestRejected(f"{name} token id {bad!r} is outside the vocabulary [0, {vocab_size})")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
