@@ -116,9 +116,15 @@ struct Span {
   int64_t sequence, begin, end;
 };
 
-// Where token t of a sequence sits in a cache, given the sequence's block table.
-inline int64_t token_offset(int64_t t, const int32_t* block_table, const Shapes& s) {
-  return block_table[t / s.block_size] * s.block_stride + (t % s.block_size) * s.token_stride;
+// Calls f(t, offset of token t in a cache) for the span's tokens in order, a block at a time, so
+// the per-token work has no division.
+template <typename F>
+inline void for_each_token(const Span& span, const int32_t* block_table, const Shapes& s, F&& f) {
+  for (int64_t t = span.begin; t < span.end;) {
+    const int64_t in_block = t % s.block_size, run = std::min(span.end - t, s.block_size - in_block);
+    int64_t offset = block_table[t / s.block_size] * s.block_stride + in_block * s.token_stride;
+    for (const int64_t end = t + run; t < end; ++t, offset += s.token_stride) f(t, offset);
+  }
 }
 
 // acc[g][0, kLanes * Vectors) += weight[g][t] * V[t][d, d + kLanes * Vectors) over a span's tokens in order, for
@@ -129,15 +135,14 @@ template <typename T, int64_t Heads, int64_t Vectors>
 inline void accumulate_value_slice(float* acc, const float* weights, const T* values, const int32_t* block_table,
                                    const Span& span, const Shapes& s, int64_t weight_stride) {
   vfloat a[Heads][Vectors] = {};
-  for (int64_t t = span.begin; t < span.end; ++t) {
-    const T* row = values + token_offset(t, block_table, s);
+  for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
     vfloat v[Vectors];
-    for (int64_t j = 0; j < Vectors; ++j) v[j] = load(row + j * kLanes);
+    for (int64_t j = 0; j < Vectors; ++j) v[j] = load(values + offset + j * kLanes);
     for (int64_t g = 0; g < Heads; ++g) {
       const vfloat w = broadcast(weights[g * weight_stride + (t - span.begin)]);
       for (int64_t j = 0; j < Vectors; ++j) a[g][j] = multiply_add(w, v[j], a[g][j]);
     }
-  }
+  });
   for (int64_t g = 0; g < Heads; ++g)
     for (int64_t j = 0; j < Vectors; ++j) store(acc + g * s.head_dim + j * kLanes, a[g][j]);
 }
@@ -156,11 +161,11 @@ inline void accumulate_values_of_heads(float* acc, const float* weights, const T
     accumulate_value_slice<T, Heads, 1>(acc + d, weights, values + d, block_table, span, s, weight_stride);
   for (; d < s.head_dim; ++d) {
     for (int64_t g = 0; g < Heads; ++g) acc[g * s.head_dim + d] = 0.0f;
-    for (int64_t t = span.begin; t < span.end; ++t) {
-      const float v = to_float(values[token_offset(t, block_table, s) + d]);
+    for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
+      const float v = to_float(values[offset + d]);
       for (int64_t g = 0; g < Heads; ++g)
         acc[g * s.head_dim + d] = std::fma(weights[g * weight_stride + (t - span.begin)], v, acc[g * s.head_dim + d]);
-    }
+    });
   }
 }
 
