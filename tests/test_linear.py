@@ -156,6 +156,26 @@ def test_block_kernel_is_bit_identical_to_the_float32_kernel(kind: gguf.GGMLQuan
 
 
 @pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q8_0, Q.Q6_K], ids=lambda kind: kind.name)
+def test_each_output_row_has_the_same_bits_whatever_the_other_rows(kind: gguf.GGMLQuantizationType) -> None:
+    """A row of x gets the same bits alone (the one-row path), with 1-2 others (8-float tiles) and
+    in a batch (paired rows on AVX-512, from 4 rows), from blocks and from float32 weights: what makes
+    a request's logprobs independent of the batch it runs in."""
+    blocks, values = _blocks(kind, 45, 9, seed=11)
+    in_features = values.shape[1]
+    x = torch.randn(17, in_features, generator=torch.Generator().manual_seed(8))
+    b = torch.randn(45)
+    alone = torch.cat([torch.ops.ember.small_batch_linear(x[i : i + 1], values, b) for i in range(17)])
+    for rows in range(1, 18):
+        assert torch.equal(torch.ops.ember.small_batch_linear(x[:rows], values, b), alone[:rows]), rows
+        assert torch.equal(torch.ops.ember.gguf_block_linear(x[:rows], blocks, b, GGUF_BLOCK_FORMATS[kind], in_features), alone[:rows]), rows
+    odd = torch.randn(6, 13)  # 13 values: one vector and a tail of 5
+    weight = torch.randn(7, 13)
+    alone = torch.cat([torch.ops.ember.small_batch_linear(odd[i : i + 1], weight, None) for i in range(6)])
+    assert torch.equal(torch.ops.ember.small_batch_linear(odd, weight, None), alone)
+
+
+@pytest.mark.usefixtures("kernel")
 def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
     blocks, values = _blocks(Q.Q4_1, 24, 2, seed=3)
     bias = nn.Parameter(torch.randn(24))

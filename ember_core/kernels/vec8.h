@@ -11,6 +11,11 @@
 #include <immintrin.h>
 #endif
 
+// AVX-512 (F + DQ): the linears hold two rows' 8 lanes in one 16-float register (small_batch_linear.cpp).
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#define EMBER_AVX512 1
+#endif
+
 namespace {
 
 constexpr int64_t kLanes = 8;
