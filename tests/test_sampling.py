@@ -62,6 +62,17 @@ def test_top_k_limits_the_candidates() -> None:
     assert _draws(logits, SamplingParams(top_k=2, seed=0), 300) == {3, 4}
 
 
+def test_top_k_beyond_the_vocabulary_keeps_every_token() -> None:
+    """A k past the vocabulary (up to any int, which torch cannot hold) is no limit: the same draws as
+    top_k=0, beside a request with a real k in the same batch. It used to fail the whole batch."""
+    logits = torch.tensor([[0.0, 0.1, 0.2, 0.3, 0.4]] * 2)
+    def batch(k: int) -> list[int]:
+        requests = [SamplingRequest(SamplingParams(top_k=k, seed=3), 0), SamplingRequest(SamplingParams(top_k=2, seed=4), 0)]
+        return [s.token_id for s in sample(logits.clone(), requests)]
+    for k in (5, 6, 2**63, 2**80):
+        assert batch(k) == batch(0), k
+
+
 def test_min_p_leaves_out_tokens_below_its_share_of_the_most_likely_one() -> None:
     probs = [0.5, 0.3, 0.15, 0.05]
     logits = [math.log(p) for p in probs]

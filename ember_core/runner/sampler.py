@@ -50,7 +50,7 @@ def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def _nucleus(probs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top-k / top-p candidates, most likely first: (probabilities, zero outside; token ids)."""
     vocab_size = probs.shape[1]
-    top_k = [p.top_k or vocab_size for p in params]
+    top_k = [min(p.top_k, vocab_size) or vocab_size for p in params]  # a larger k is no limit
     width = min(max(top_k), _CANDIDATES)
     values, ids = probs.topk(width, dim=-1)
     if width < max(top_k):
@@ -87,7 +87,8 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
         probs[min_p_rows] = _min_p(probs[min_p_rows], [params[i].min_p for i in min_p_rows])
     uniforms = _uniforms(requests, logits.device)
     token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-    filtered = [i for i, p in enumerate(params) if p.top_k or p.top_p < 1]
+    vocab_size = logits.shape[1]
+    filtered = [i for i, p in enumerate(params) if 0 < p.top_k < vocab_size or p.top_p < 1]
     plain = sorted(set(range(len(params))) - set(filtered))
     if plain:
         token_ids[plain] = _draw(_select(probs, plain), uniforms[plain])

@@ -35,7 +35,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 only with echo: score the prompt
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None  # extension; 0 and -1 mean off
+    top_k: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None  # extension; 0 and -1 mean off; any int64, as seed
     min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # extension (vLLM's); 0 means off
     n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None

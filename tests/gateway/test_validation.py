@@ -82,6 +82,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(stop=5), 400, "stop"),
     (COMPLETIONS, completion(stop=[str(i) for i in range(17)]), 400, "stop"),
     (COMPLETIONS, completion(seed=2**63), 400, "seed"),
+    (COMPLETIONS, completion(top_k=2**63), 400, "top_k"),
     (COMPLETIONS, completion(seed="x"), 400, "seed"),
     (COMPLETIONS, completion(stream="yes"), 400, "stream"),
     (COMPLETIONS, completion(stream=True, stream_options={"include_usage": "x"}), 400, "stream_options.include_usage"),
