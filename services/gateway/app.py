@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ember_gateway.chat import create_chat_completion
@@ -37,10 +38,11 @@ def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web
     )
     app.on_response_prepare.append(add_cors_headers(config.allowed_origins))
     app[STATE] = GatewayState(config, client, GatewayMetrics(client.engine_snapshot))
+    expect = _expect_handler(config.max_body_bytes, _api_key_bytes(config.api_key))
     app.add_routes(
         [
-            web.post("/v1/completions", create_completion),
-            web.post("/v1/chat/completions", create_chat_completion),
+            web.post("/v1/completions", create_completion, expect_handler=expect),
+            web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
             web.get("/v1/models", list_models),
             web.get("/v1/models/{model:.+}", get_model),
             web.get("/health", health),
@@ -88,23 +90,62 @@ async def _errors_middleware(request: web.Request, handler: web.Handler) -> web.
         return internal_error().response()
 
 
+def _api_key_bytes(api_key: str | None) -> bytes | None:
+    return api_key.encode() if api_key else None
+
+
+def _api_key_error(request: web.Request, expected: bytes | None) -> ApiError | None:
+    # A CORS preflight never carries credentials: the CORS layer answers it, or routing does.
+    if expected is None or request.path in _OPEN_PATHS or request.method == "OPTIONS":
+        return None
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
+    if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected):
+        return None
+    return ApiError(
+        401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
 def _auth_middleware(api_key: str | None) -> web.Middleware:
-    expected = api_key.encode() if api_key else None
+    expected = _api_key_bytes(api_key)
 
     @web.middleware
     async def check_api_key(request: web.Request, handler: web.Handler) -> web.StreamResponse:
-        # A CORS preflight never carries credentials: the CORS layer answers it, or routing does.
-        if expected is not None and request.path not in _OPEN_PATHS and request.method != "OPTIONS":
-            scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
-            # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-                raise ApiError(
-                    401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        error = _api_key_error(request, expected)
+        if error is not None:
+            raise error
         return await handler(request)
 
     return check_api_key
+
+
+def _expect_handler(max_body_bytes: int, api_key: bytes | None) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+    """Answers `Expect: 100-continue` (curl sends it for bodies over 1 MB) before the client uploads:
+    a request that would be refused anyway (no valid API key, a declared body over the limit) gets
+    its error instead of `100 Continue`, on a connection then closed, since its body never comes."""
+
+    async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+        error = _api_key_error(request, api_key)
+        if error is None and (request.content_length or 0) > max_body_bytes:
+            error = ApiError(413, f"request body of {request.content_length} bytes is over the limit of {max_body_bytes}",
+                             code="request_too_large")
+        if error is None and request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+            error = ApiError(417, f"unsupported Expect: {request.headers.get(hdrs.EXPECT)!r} (only 100-continue)")
+        if error is not None:
+            response = error.response()
+            response.force_close()
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()  # sent: close now, where aiohttp would wait up to 10 s for the body
+            return response
+        if request.version >= HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the interim response is not part of the response's size
+        return None
+
+    return expect_continue
 
 
 def _model_entry(model: ServedModel) -> dict[str, Any]:
