@@ -98,6 +98,8 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     echo: bool = False  # vLLM's, not implemented: only false passes
+    modalities: list[str] | None = None  # not implemented: only ["text"] passes
+    audio: Any = None  # not implemented: only null passes
 
 
 _DECODERS = {body_type: msgspec.json.Decoder(body_type) for body_type in (CompletionRequest, ChatCompletionRequest)}
@@ -164,3 +166,6 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
             raise ApiError(400, "ember does not implement suffix (insertion): leave it out", param="suffix")
     elif body.echo:
         raise ApiError(400, "ember does not implement echo for chat: the reply holds the new text only", param="echo")
+    elif body.modalities not in (None, ["text"]) or body.audio is not None:
+        param = "audio" if body.audio is not None else "modalities"
+        raise ApiError(400, "ember answers in text only: leave out audio, or send modalities [\"text\"]", param=param)

@@ -134,6 +134,8 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(prompt_logprobs=1), 400, "prompt_logprobs"),
     (CHAT, chat(truncate_prompt_tokens=5), 400, "truncate_prompt_tokens"),
     (CHAT, chat(echo=True), 400, "echo"),
+    (CHAT, chat(modalities=["text", "audio"]), 400, "modalities"),
+    (CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio"),
 ]
 
 
@@ -173,7 +175,7 @@ async def test_unknown_fields_and_unimplemented_ones_at_their_no_op_values_are_a
     assert status == 200, body
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     status, body = await gateway.post(
-        CHAT, json.loads(chat(max_tokens=2, tools=tools, tool_choice="auto", response_format={"type": "text"}))
+        CHAT, json.loads(chat(max_tokens=2, tools=tools, tool_choice="auto", response_format={"type": "text"}, modalities=["text"], audio=None))
     )
     assert status == 200, body
 
