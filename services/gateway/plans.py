@@ -113,7 +113,7 @@ def _completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
             "completion). Please reduce the prompt or max_tokens.",
-            param="max_tokens",
+            param=prompt_param if prompt_tokens >= max_model_len else "max_tokens",  # the prompt alone does not fit
             code="context_length_exceeded",
         )
     return max_tokens

@@ -107,6 +107,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(max_tokens=0), 400, "max_tokens"),
     (CHAT, chat(max_tokens=1000), 400, "max_tokens"),
     (CHAT, chat(messages=[{"role": "user", "content": "x" * 100}]), 400, "messages"),  # no room left
+    (COMPLETIONS, completion(prompt="x" * 100, max_tokens=5), 400, "prompt"),  # the prompt alone is over the context
     (CHAT, raw({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "model"),
     (COMPLETIONS, completion(presence_penalty=2.5), 400, "presence_penalty"),
     (CHAT, chat(frequency_penalty=-3), 400, "frequency_penalty"),
