@@ -9,8 +9,9 @@ import torch
 
 from ember_core import SamplingParams
 from ember_core.runner.inputs import SamplingRequest
-from ember_core.runner.sampler import sample
+from ember_core.runner.sampler import _draw_with_torch, sample
 from tests.conftest import assert_pool_free, token_prompts
+from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 PROMPTS = token_prompts(5, seed=31)
 
@@ -241,3 +242,25 @@ def test_generate_rejects_stop_token_ids_outside_the_vocabulary_and_params_of_an
     with pytest.raises(TypeError, match="got generator"):
         gpt2_llm.generate([[1, 2]], (SamplingParams() for _ in range(1)))
     assert gpt2_llm.generate([[1, 2]], SamplingParams(max_tokens=2, seed=2**63 - 1))[0].finished
+
+
+@pytest.mark.usefixtures("kernel")
+def test_the_cpu_draw_takes_the_tokens_torchs_cumulative_sums_take() -> None:
+    """torch.ops.ember.inverse_cdf_draw against cumsum + searchsorted in float64: the same token for
+    every row, also for targets that land exactly on a cumulative sum, zeros, and u at its extremes."""
+    generator = torch.Generator().manual_seed(9)
+    wide = (torch.randn(16, 49152, generator=generator) * 3).softmax(dim=-1)
+    masked = (torch.randn(40, 37, generator=generator) * 2).softmax(dim=-1)
+    masked[masked < 0.02] = 0.0  # top-k / top-p rows: zeros among the candidates, and at the end
+    for probs in (wide, masked, torch.tensor([[0.0, 0.0, 1.0, 0.0]]), torch.tensor([[0.25]])):
+        rows = probs.shape[0]
+        cdf = probs.double().cumsum(dim=-1)
+        on_a_sum = cdf.gather(1, torch.randint(0, probs.shape[1], (rows, 1), generator=generator)).squeeze(1) / cdf[:, -1]
+        for uniforms in (
+            torch.rand(rows, dtype=torch.float64, generator=generator),
+            on_a_sum.clamp(2.0**-60, 1 - 2.0**-53),
+            torch.full((rows,), 2.0**-60, dtype=torch.float64),
+            torch.full((rows,), 1 - 2.0**-53, dtype=torch.float64),
+        ):
+            expected = _draw_with_torch(probs, uniforms)
+            assert torch.equal(torch.ops.ember.inverse_cdf_draw(probs, uniforms), expected)

@@ -2,7 +2,8 @@
 `torch.ops.ember.paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
 `small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp),
 `rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp), and
-`llama_decode_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h).
+`llama_decode_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h),
+and the sampler's `inverse_cdf_draw` (sampling.cpp).
 
 The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
 callers can ask `is_available()` once and fall back to SDPA / torch's GEMM without paying for a
@@ -23,7 +24,7 @@ import torch
 
 _SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp", "kv_cache.cpp", "decoder_layer.cpp")
+    for name in ("paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp", "kv_cache.cpp", "decoder_layer.cpp", "sampling.cpp")
 ]
 
 

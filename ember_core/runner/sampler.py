@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ember_core.kernels import cpu_ops
 from ember_core.runner.inputs import SampledToken, SamplingRequest
 from ember_core.runner.penalties import apply_penalties_and_bias_
 from ember_core.sampling_params import SamplingParams
@@ -42,6 +43,12 @@ def _uniforms(requests: list[SamplingRequest], device: torch.device) -> torch.Te
 
 def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Index of the first column whose cumulative probability reaches u x the row's total (never a zero)."""
+    if probs.device.type == "cpu" and probs.dtype == torch.float32 and cpu_ops.is_available():
+        return torch.ops.ember.inverse_cdf_draw(probs.contiguous(), uniforms)  # the same sums, ~5x faster
+    return _draw_with_torch(probs, uniforms)
+
+
+def _draw_with_torch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cdf = probs.double().cumsum(dim=-1)
     targets = (uniforms * cdf[:, -1]).unsqueeze(1)
     return torch.searchsorted(cdf, targets).squeeze(1).clamp_(max=probs.shape[1] - 1)
@@ -112,10 +119,15 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[Sample
             logits[list(rows), list(tokens)] = float("-inf")
     else:
         logits = raw
-    token_ids = logits.argmax(dim=-1)
     random_rows = [row for row, req in enumerate(requests) if not req.params.greedy]
-    if random_rows:
-        token_ids[random_rows] = _sample_rows(_select(logits, random_rows), [requests[row] for row in random_rows])
+    if not random_rows:
+        return _with_logprobs(raw, logits.argmax(dim=-1), requests)
+    # argmax over a whole vocabulary row costs about as much as sampling it: only greedy rows take it
+    token_ids = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+    greedy_rows = sorted(set(range(len(requests))) - set(random_rows))
+    if greedy_rows:
+        token_ids[greedy_rows] = _select(logits, greedy_rows).argmax(dim=-1)
+    token_ids[random_rows] = _sample_rows(_select(logits, random_rows), [requests[row] for row in random_rows])
     return _with_logprobs(raw, token_ids, requests)
 
 
