@@ -63,6 +63,76 @@ inline void store_dot(const Problem& p, vfloat acc, int64_t xrow, int64_t row, c
   store_output(p, total, xrow, row);
 }
 
+// Lane i of the result: the sum of acc[i]'s 8 lanes in sum()'s order. The eight are transposed so
+// that vector j holds lane j of each, then added in turn, so each lane rounds as sum() does, in
+// ~4 instructions per output rather than ~15.
+inline vfloat lane_sums(const vfloat (&acc)[8]) {
+  vfloat pairs[8], quads[8];
+  for (int i = 0; i < 8; i += 2) {
+    pairs[i] = __builtin_shufflevector(acc[i], acc[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    pairs[i + 1] = __builtin_shufflevector(acc[i], acc[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  // quads[q + j], per 128-bit half: lane j (first half) or 4 + j (second) of acc[q..q+3].
+  for (int q = 0; q < 8; q += 4) {
+    quads[q] = __builtin_shufflevector(pairs[q], pairs[q + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    quads[q + 1] = __builtin_shufflevector(pairs[q], pairs[q + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    quads[q + 2] = __builtin_shufflevector(pairs[q + 1], pairs[q + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    quads[q + 3] = __builtin_shufflevector(pairs[q + 1], pairs[q + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  vfloat total = {};
+  for (int j = 0; j < 4; ++j) total += __builtin_shufflevector(quads[j], quads[4 + j], 0, 1, 2, 3, 8, 9, 10, 11);
+  for (int j = 0; j < 4; ++j) total += __builtin_shufflevector(quads[j], quads[4 + j], 4, 5, 6, 7, 12, 13, 14, 15);
+  return total;
+}
+
+#if EMBER_AVX512
+// The sums of the 16 halves of eight accumulators, each half's 8 lanes added in sum()'s order:
+// transposed so that vector j holds lane j of every half, then added in turn, so each lane rounds
+// as sum() does. Lane i of the result is acc[i]'s lower half, lane 8 + i its upper half. Summed
+// one by one (~15 instructions each), the outputs took 35% of a 16-row tile's time at k = 576; so, 11%.
+__attribute__((always_inline)) inline __m512 lane_sums(const __m512 (&acc)[8]) {
+  __m512 pairs[8], quads[8];
+  for (int i = 0; i < 8; i += 2) {
+    pairs[i] = _mm512_unpacklo_ps(acc[i], acc[i + 1]);
+    pairs[i + 1] = _mm512_unpackhi_ps(acc[i], acc[i + 1]);
+  }
+  // quads[q + j], per 128-bit chunk: lane j (first chunk of a half) or 4 + j (second) of acc[q..q+3].
+  for (int q = 0; q < 8; q += 4) {
+    quads[q] = _mm512_shuffle_ps(pairs[q], pairs[q + 2], 0x44);
+    quads[q + 1] = _mm512_shuffle_ps(pairs[q], pairs[q + 2], 0xEE);
+    quads[q + 2] = _mm512_shuffle_ps(pairs[q + 1], pairs[q + 3], 0x44);
+    quads[q + 3] = _mm512_shuffle_ps(pairs[q + 1], pairs[q + 3], 0xEE);
+  }
+  const __m512i first_chunks = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  const __m512i second_chunks = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  __m512 total = _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j) total = _mm512_add_ps(total, _mm512_permutex2var_ps(quads[j], first_chunks, quads[4 + j]));
+  for (int j = 0; j < 4; ++j) total = _mm512_add_ps(total, _mm512_permutex2var_ps(quads[j], second_chunks, quads[4 + j]));
+  return total;
+}
+#endif
+
+// store_dot for every output of a tile whose accumulators acc[a][r] cover all of k, eight at a
+// time: each accumulator holds Halves outputs, to rows first_xrow(a) + half of x and row + r of W.
+template <int64_t Halves, typename Vector, int64_t A, int64_t R, typename FirstXRow>
+inline void store_sums(const Problem& p, const Vector (&acc)[A][R], int64_t row, FirstXRow&& first_xrow) {
+  constexpr int64_t count = A * R;
+  // Unrolled, the indices below are constants.
+#pragma GCC unroll 8
+  for (int64_t first = 0; first < count; first += 8) {
+    Vector eight[8];
+    for (int64_t i = 0; i < 8; ++i) eight[i] = first + i < count ? acc[(first + i) / R][(first + i) % R] : Vector{};
+    const Vector total = lane_sums(eight);
+    float sums[8 * Halves];
+    static_assert(sizeof(sums) == sizeof(total));
+    std::memcpy(sums, &total, sizeof(sums));
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < 8 && first + i < count; ++i)
+      for (int64_t half = 0, xrow = first_xrow((first + i) / R); half < Halves && xrow + half < p.m; ++half)
+        store_output(p, sums[8 * half + i], xrow + half, row + (first + i) % R);
+  }
+}
+
 // Rows [row, row + Rows) of W, stored at w, against rows [xrow, xrow + XRows) of x: Rows * XRows
 // register accumulators. `next`, when set, is the next tile's first row: its Rows rows are
 // prefetched a cache line per row every other step, so the next tile streams in while this one computes.
@@ -82,6 +152,8 @@ inline void dot_tile(const Problem& p, const float* w, int64_t xrow, int64_t row
       for (int64_t a = 0; a < XRows; ++a) acc[a][r] += xv[a] * wv;
     }
   }
+  // Fewer than 4 outputs do not pay for a transpose.
+  if (i == k && XRows * Rows >= 4) return store_sums<1>(p, acc, row, [&](int64_t a) { return xrow + a; });
   for (int64_t a = 0; a < XRows; ++a)
     for (int64_t r = 0; r < Rows; ++r) store_dot(p, acc[a][r], xrow + a, row + r, w + r * k, i);
 }
@@ -122,52 +194,6 @@ class PairedRows {
   std::vector<Sixteen> values_;  // zero-initialised, 64-byte aligned
 };
 
-// The sums of the 16 halves of eight accumulators, each half's 8 lanes added in sum()'s order:
-// transposed so that vector j holds lane j of every half, then added in turn, so each lane rounds
-// as sum() does. Lane i of the result is acc[i]'s lower half, lane 8 + i its upper half. Summed
-// one by one (~15 instructions each), the outputs took 35% of a 16-row tile's time at k = 576; so, 11%.
-__attribute__((always_inline)) inline __m512 sum_halves(const __m512 (&acc)[8]) {
-  __m512 pairs[8], quads[8];
-  for (int i = 0; i < 8; i += 2) {
-    pairs[i] = _mm512_unpacklo_ps(acc[i], acc[i + 1]);
-    pairs[i + 1] = _mm512_unpackhi_ps(acc[i], acc[i + 1]);
-  }
-  // quads[q + j], per 128-bit chunk: lane j (first chunk of a half) or 4 + j (second) of acc[q..q+3].
-  for (int q = 0; q < 8; q += 4) {
-    quads[q] = _mm512_shuffle_ps(pairs[q], pairs[q + 2], 0x44);
-    quads[q + 1] = _mm512_shuffle_ps(pairs[q], pairs[q + 2], 0xEE);
-    quads[q + 2] = _mm512_shuffle_ps(pairs[q + 1], pairs[q + 3], 0x44);
-    quads[q + 3] = _mm512_shuffle_ps(pairs[q + 1], pairs[q + 3], 0xEE);
-  }
-  const __m512i first_chunks = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
-  const __m512i second_chunks = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  __m512 total = _mm512_setzero_ps();
-  for (int j = 0; j < 4; ++j) total = _mm512_add_ps(total, _mm512_permutex2var_ps(quads[j], first_chunks, quads[4 + j]));
-  for (int j = 0; j < 4; ++j) total = _mm512_add_ps(total, _mm512_permutex2var_ps(quads[j], second_chunks, quads[4 + j]));
-  return total;
-}
-
-// store_dot for every output of a pair tile whose accumulators cover all of k, eight at a time.
-template <int64_t Pairs, int64_t Rows>
-inline void store_pair_sums(const Problem& p, const __m512 (&acc)[Pairs][Rows], int64_t pair, int64_t row) {
-  constexpr int64_t count = Pairs * Rows;
-  // Unrolled, the indices below are constants.
-#pragma GCC unroll 8
-  for (int64_t first = 0; first < count; first += 8) {
-    __m512 eight[8];
-    for (int64_t i = 0; i < 8; ++i)
-      eight[i] = first + i < count ? acc[(first + i) / Rows][(first + i) % Rows] : _mm512_setzero_ps();
-    alignas(64) float sums[16];
-    _mm512_store_ps(sums, sum_halves(eight));
-#pragma GCC unroll 8
-    for (int64_t i = 0; i < 8 && first + i < count; ++i) {
-      const int64_t xrow = 2 * (pair + (first + i) / Rows), out = row + (first + i) % Rows;
-      store_output(p, sums[i], xrow, out);
-      if (xrow + 1 < p.m) store_output(p, sums[8 + i], xrow + 1, out);
-    }
-  }
-}
-
 // Rows [row, row + Rows) of W, stored at w, against x's pairs [pair, pair + Pairs): dot_tile's
 // loop on two x rows per register, with the same prefetch of the next tile.
 template <int64_t Pairs, int64_t Rows>
@@ -187,7 +213,7 @@ inline void pair_tile(const Problem& p, const float* w, int64_t pair, int64_t ro
       for (int64_t a = 0; a < Pairs; ++a) acc[a][r] = _mm512_fmadd_ps(xv[a], wv, acc[a][r]);
     }
   }
-  if (full == k) return store_pair_sums<Pairs, Rows>(p, acc, pair, row);
+  if (full == k) return store_sums<2>(p, acc, row, [&](int64_t a) { return 2 * (pair + a); });
   for (int64_t a = 0; a < Pairs; ++a) {
     const int64_t xrow = 2 * (pair + a);
     for (int64_t r = 0; r < Rows; ++r) {
