@@ -66,3 +66,20 @@ def test_conv1d_checkpoint_without_transformer_prefix_and_pytorch_bin(tmp_path) 
     llm = LLM(str(dst), block_size=16, num_blocks=64, device="cpu", dtype="float32")
     prompt = token_prompts(1, seed=13)[0]
     assert (ember_prompt_logits(llm, prompt) - reference_logits(reference, prompt)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"scale_attn_weights": False}, {"tie_word_embeddings": False}], ids=["unscaled_attention", "untied_head"]
+)
+def test_config_variants_match_transformers(tmp_path, overrides) -> None:
+    from transformers import GPT2LMHeadModel
+
+    from ember_core import LLM
+
+    src = write_gpt2_checkpoint(tmp_path / "src", seed=17, **overrides)
+    reference = GPT2LMHeadModel.from_pretrained(src, dtype=torch.float32).eval()
+    if "tie_word_embeddings" in overrides:
+        assert not torch.equal(reference.lm_head.weight, reference.transformer.wte.weight)
+    llm = LLM(str(src), block_size=16, num_blocks=64, device="cpu", dtype="float32")
+    prompt = token_prompts(1, seed=19)[0]
+    assert (ember_prompt_logits(llm, prompt) - reference_logits(reference, prompt)).abs().max().item() < 1e-4

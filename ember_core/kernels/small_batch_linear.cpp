@@ -86,10 +86,9 @@ inline vfloat lane_sums(const vfloat (&acc)[8]) {
 }
 
 #if EMBER_AVX512
-// The sums of the 16 halves of eight accumulators, each half's 8 lanes added in sum()'s order:
-// transposed so that vector j holds lane j of every half, then added in turn, so each lane rounds
-// as sum() does. Lane i of the result is acc[i]'s lower half, lane 8 + i its upper half. Summed
-// one by one (~15 instructions each), the outputs took 35% of a 16-row tile's time at k = 576; so, 11%.
+// lane_sums on each 256-bit half of eight 16-float accumulators: lane i of the result is the sum
+// of acc[i]'s lower half, lane 8 + i of its upper half. Summed one by one, a pair tile's outputs
+// took 35% of its time at 16 rows and k = 576; summed this way, 11%.
 __attribute__((always_inline)) inline __m512 lane_sums(const __m512 (&acc)[8]) {
   __m512 pairs[8], quads[8];
   for (int i = 0; i < 8; i += 2) {

@@ -1,4 +1,5 @@
-"""GPT-2 from scratch: learned positions, pre-LayerNorm blocks, GELU MLP, LM head tied to the embedding."""
+"""GPT-2 from scratch: learned positions, pre-LayerNorm blocks, GELU MLP, LM head tied to the embedding
+(or its own `lm_head.weight` with `tie_word_embeddings: false`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class GPT2Config:
     intermediate_size: int = 3072
     layer_norm_eps: float = 1e-5
     activation: str = "gelu_new"
+    scale_attn_weights: bool = True
     scale_attn_by_inverse_layer_idx: bool = False
+    tie_word_embeddings: bool = True
     bos_token_id: int | None = 50256
     eos_token_id: int | None = 50256
 
@@ -63,7 +66,9 @@ class GPT2Config:
             intermediate_size=cfg.get("n_inner") or 4 * hidden,
             layer_norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             activation=activation,
+            scale_attn_weights=cfg.get("scale_attn_weights", True),
             scale_attn_by_inverse_layer_idx=cfg.get("scale_attn_by_inverse_layer_idx", False),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
         )
@@ -73,7 +78,7 @@ class GPT2Block(nn.Module):
     def __init__(self, config: GPT2Config, layer_idx: int) -> None:
         super().__init__()
         hidden = config.hidden_size
-        scale = config.head_dim**-0.5
+        scale = config.head_dim**-0.5 if config.scale_attn_weights else 1.0
         if config.scale_attn_by_inverse_layer_idx:
             scale /= layer_idx + 1
         self.ln_1 = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
@@ -99,7 +104,10 @@ class GPT2(nn.Module):
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.lm_head = tied_head(self.wte)
+        if config.tie_word_embeddings:
+            self.lm_head = tied_head(self.wte)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.wte(input_ids) + self.wpe(positions)
@@ -112,14 +120,17 @@ class GPT2(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """HF GPT-2 names, with or without the `transformer.` prefix; Conv1D weights are [in, out]."""
-        self.lm_head.weight = self.wte.weight  # `to_empty` gave the head its own tensor
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.wte.weight  # `to_empty` gave the head its own tensor
         params = dict(self.named_parameters())
         renames = {"attn.c_proj": "attn_proj", "mlp.c_proj": "mlp_proj", "attn.c_attn": "c_attn", "mlp.c_fc": "c_fc"}
         loaded: set[str] = set()
         for name, tensor in weights:
             name = name.removeprefix("transformer.")
-            if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
-                continue  # tied head; causal-mask buffers
+            if (name == "lm_head.weight" and self.config.tie_word_embeddings) or name.endswith(
+                (".attn.bias", ".attn.masked_bias")
+            ):
+                continue  # a tied head saved anyway is the embedding again; causal-mask buffers
             name = name.replace("h.", "blocks.", 1) if name.startswith("h.") else name
             for old, new in renames.items():
                 name = name.replace(old, new)
