@@ -43,6 +43,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

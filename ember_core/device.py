@@ -29,9 +29,38 @@ def resolve_device(device: str | None) -> torch.device:
         resolved = torch.device(device)
     except RuntimeError as exc:
         raise ValueError(f"unknown device {device!r}: {exc}") from None
+    if resolved.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {device!r} is not supported: use auto, cpu, cuda or mps")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} requested but there are {torch.cuda.device_count()} CUDA devices")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' requested but MPS is not available")
     return resolved
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation on device can take, where that can be told: CUDA's free memory; on
+    Linux, MemAvailable, or less under a cgroup (v2) memory limit, as in a container."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE)
+    if found is None:
+        return None
+    available = int(found.group(1)) * 1024
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return available
+    return available if limit == "max" else min(available, int(limit) - used)
 
 
 def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ def test_missing_model_path_is_a_one_line_error() -> None:
     assert "does not exist" in result.stderr
 
 
-def test_unreadable_model_files_are_errors_that_name_the_file(gpt2_dir: Path, tmp_path: Path) -> None:
+def test_unreadable_model_files_are_errors_that_name_the_file(gpt2_dir: Path, smollm2_gguf_path: Path, tmp_path: Path) -> None:
     not_gguf = tmp_path / "weights.bin"
     not_gguf.write_bytes(b"not a model")
     bad_config = shutil.copytree(gpt2_dir, tmp_path / "bad-config")
@@ -36,15 +37,52 @@ def test_unreadable_model_files_are_errors_that_name_the_file(gpt2_dir: Path, tm
     truncated = shutil.copytree(gpt2_dir, tmp_path / "truncated")
     weights = truncated / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    truncated_gguf = tmp_path / "truncated.gguf"
+    with smollm2_gguf_path.open("rb") as gguf_file:
+        truncated_gguf.write_bytes(gguf_file.read(2**20))
     for model, expected in [
         (not_gguf, "is a file but not a .gguf file"),
         (bad_config, f"{bad_config / 'config.json'} is not valid JSON"),
         (truncated, f"{weights} is not a readable safetensors file"),
+        (truncated_gguf, f"{truncated_gguf} is not a readable GGUF file (truncated or corrupt?)"),
     ]:
         with pytest.raises(ValueError, match=re.escape(expected)):  # the CLI prints a ValueError as one line
             LLM(str(model), device="cpu")
     result = run_ember("generate", "--model", str(not_gguf), "hello")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda config: [config], "config.json must hold a JSON object, not list"),
+        (lambda config: {k: v for k, v in config.items() if k != "vocab_size"}, "config.json has no 'vocab_size'"),
+        (lambda config: {**config, "n_head": "four"}, "config.json: n_head must be a positive integer, got 'four'"),
+        (lambda config: {**config, "n_embd": -64}, "config.json: n_embd must be a positive integer, got -64"),
+        (lambda config: {**config, "n_layer": 0}, "config.json: n_layer must be a positive integer, got 0"),
+    ],
+)
+def test_malformed_config_values_are_errors_that_say_which(gpt2_dir: Path, tmp_path: Path, edit, expected: str) -> None:
+    model = shutil.copytree(gpt2_dir, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(edit(config)))
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        LLM(str(model), device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"num_blocks": 10**11}, "GiB free: lower --kv-cache-mib / --num-blocks"),
+        ({"kv_cache_mib": 10**8}, "GiB free: lower --kv-cache-mib / --num-blocks"),
+        ({"block_size": 10**6, "kv_cache_mib": 1}, "a KV cache of 1 MiB holds no block of 1000000 tokens"),
+        ({"device": "meta"}, "device 'meta' is not supported"),
+        ({"model": ""}, "model must name a model"),
+    ],
+)
+def test_settings_the_machine_cannot_hold_fail_before_allocating(gpt2_dir: Path, settings: dict, expected: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        LLM(**{"model": str(gpt2_dir), "device": "cpu", **settings})
 
 
 def test_text_prompt_for_a_model_without_tokenizer_files(gpt2_dir) -> None:

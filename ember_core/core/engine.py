@@ -8,11 +8,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
 from ember_core.core.scheduler import Scheduler, SchedulerOutput
 from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
-from ember_core.device import resolve_device, resolve_dtype
+from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
@@ -61,7 +63,13 @@ class Engine:
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
         bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, kv_dtype)
         if num_blocks is None:
-            num_blocks = max(1, int(config.kv_cache_mib * 2**20) // bytes_per_block)
+            num_blocks = int(config.kv_cache_mib * 2**20) // bytes_per_block
+            if num_blocks == 0:
+                raise ValueError(
+                    f"a KV cache of {config.kv_cache_mib:g} MiB holds no block of {config.block_size} tokens "
+                    f"({bytes_per_block / 2**20:.1f} MiB each): raise --kv-cache-mib or lower --block-size"
+                )
+        _check_kv_cache_fits(num_blocks * bytes_per_block, device)
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)",
             num_blocks, config.block_size, num_blocks * config.block_size,
@@ -231,6 +239,17 @@ class Engine:
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
+
+
+def _check_kv_cache_fits(pool_bytes: int, device: torch.device) -> None:
+    """Refuse at start a KV pool the device's free memory cannot hold, rather than letting the
+    allocation fail, or on Linux swap and draw the OOM killer onto the whole host."""
+    available = available_memory(device)
+    if available is not None and pool_bytes > available:
+        raise ValueError(
+            f"the KV cache needs {pool_bytes / 2**30:.2f} GiB but {device.type} has {available / 2**30:.2f} GiB "
+            "free: lower --kv-cache-mib / --num-blocks"
+        )
 
 
 def _max_model_len(model_limit: int, requested: int | None, cache_tokens: int) -> int:

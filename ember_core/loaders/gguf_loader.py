@@ -109,7 +109,10 @@ def load_gguf(
     path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = True
 ) -> tuple[nn.Module, Tokenizer]:
     """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS weights from their blocks (gguf_blocks.py)."""
-    reader = FastGGUFReader(path)
+    try:
+        reader = FastGGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
+        raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
     config = llama_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)

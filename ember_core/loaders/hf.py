@@ -21,9 +21,12 @@ def read_hf_config(model_dir: Path) -> dict:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__}")  # noqa: TRY004 - bad file content
+    return value
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -31,7 +34,10 @@ def _weight_files(model_dir: Path) -> list[Path]:
         if (model_dir / single).is_file():
             return [model_dir / single]
         if (model_dir / index).is_file():
-            shards = sorted(set(_read_json(model_dir / index)["weight_map"].values()))
+            weight_map = _read_json(model_dir / index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ValueError(f"{model_dir / index} has no weight_map object")
+            shards = sorted(set(weight_map.values()))
             return [model_dir / shard for shard in shards]
     raise ValueError(f"{model_dir} has no weights: expected one of {', '.join(WEIGHT_PATTERNS)}")
 

@@ -15,9 +15,26 @@ MODEL_TYPES: dict[str, tuple[Any, type[nn.Module]]] = {
 }
 
 
+# config.json's sizes, in either architecture's spelling: each must be a positive integer.
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
+)  # fmt: skip
+
+
 def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
     model_type = hf_config.get("model_type")
     if model_type not in MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {sorted(MODEL_TYPES)}")
+    for key in SIZE_KEYS:
+        value = hf_config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
     config_cls, model_cls = MODEL_TYPES[model_type]
-    return model_cls(config_cls.from_hf(hf_config))
+    try:
+        config = config_cls.from_hf(hf_config)
+    except KeyError as exc:
+        raise ValueError(f"config.json has no {exc.args[0]!r}, which a {model_type} model needs") from None
+    except TypeError as exc:
+        raise ValueError(f"config.json holds a value of the wrong type: {exc}") from None
+    return model_cls(config)
