@@ -68,6 +68,8 @@ def _generate(args: argparse.Namespace) -> None:
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
     llm = LLM(**engine_kwargs_from_args(args))
+    if llm.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer files, and ember generate takes text prompts")
     for output in llm.generate(args.prompt, params):
         print(output.prompt + output.text if args.echo else output.text, flush=True)
 
