@@ -21,23 +21,10 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 
-
-def _blas_has_avx512() -> bool:
-    """Whether torch's BLAS (MKL) runs 16-float FMAs here: an Intel CPU with AVX-512. MKL takes
-    its AVX2 code paths on AMD CPUs, AVX-512 or not."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in cpuinfo)
-    except OSError:
-        return False
-    return intel and torch.cpu._is_avx512_supported()
-
-
-# Up to here the C++ kernels (8-float FMAs) beat MKL sgemm for the SmolLM2 shapes
-# (`python -m ember_core.kernels.bench_linear`, docs/benchmarks.md). On a 2-core AVX2 machine:
-# 128 rows ~410 ms per step against ~460-500; at 192 sgemm wins. On an AVX-512 Xeon, sgemm's
-# 16-float FMAs win from ~60 rows (64: 79-88 ms against 96-101 for the layers; 56: 123-147 against 89).
-SMALL_BATCH_ROWS = 56 if _blas_has_avx512() else 128
+# Up to here the C++ kernels beat "expand the blocks + BLAS sgemm" for the SmolLM2 shapes (its 120
+# Q4_1 layers, 2 threads, docs/benchmarks.md). An AVX2 EPYC: 128 rows ~410 ms against ~460-500,
+# sgemm wins at 192. An AVX-512 Xeon (16-float tiles): 128 rows 169 ms against 176, about even at 144-192.
+SMALL_BATCH_ROWS = 128
 
 
 def tied_head(embedding: nn.Embedding) -> nn.Linear:
