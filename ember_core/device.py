@@ -40,27 +40,31 @@ def resolve_device(device: str | None) -> torch.device:
     return resolved
 
 
-def available_memory(device: torch.device) -> int | None:
+def available_memory(
+    device: torch.device, meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> int | None:
     """Bytes a new allocation on device can take, where that can be told: CUDA's free memory; on
-    Linux, MemAvailable, or less under a cgroup (v2) memory limit, as in a container."""
+    Linux, MemAvailable, or less under a cgroup (v2) memory limit, as in a container: the limit less
+    the cgroup's anonymous memory (its page cache, the mapped weights included, can be reclaimed)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
         return None
     try:
-        meminfo = Path("/proc/meminfo").read_text()
+        found = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo.read_text(), re.MULTILINE)
     except OSError:
         return None
-    found = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.MULTILINE)
     if found is None:
         return None
     available = int(found.group(1)) * 1024
     try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-    except (OSError, ValueError):
+        limit = (cgroup / "memory.max").read_text().strip()
+        anonymous = re.search(r"^anon (\d+)$", (cgroup / "memory.stat").read_text(), re.MULTILINE)
+    except OSError:
         return available
-    return available if limit == "max" else min(available, int(limit) - used)
+    if limit == "max" or anonymous is None:
+        return available
+    return min(available, int(limit) - int(anonymous.group(1)))
 
 
 def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
