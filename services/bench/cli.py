@@ -92,6 +92,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=defaults.kv_cache_dtype)
     offline.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     offline.add_argument("--max-model-len", type=int)
+    offline.add_argument("--rounds", type=int, default=1, metavar="N",
+                         help="run every setting N times, interleaved, and report each one's median round")
     offline.add_argument("--transformers", action="store_true",
                          help="add a transformers static-batch generate baseline, measured in the same run")
     offline.add_argument("--output-json", metavar="PATH", help="write the configuration and every run here")
@@ -164,6 +166,7 @@ def _offline(args: argparse.Namespace) -> int:
         engine_kwargs={name: getattr(args, name) for name in ENGINE_FLAGS},
         transformers=args.transformers,
         num_prompts=args.num_prompts,
+        rounds=args.rounds,
     )
     runs: list[OfflineRun] = []
     print(OFFLINE_HEADER, file=sys.stderr)

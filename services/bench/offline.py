@@ -1,5 +1,6 @@
 """`ember bench offline`: the in-process engine on one workload, every request submitted at once,
-across engine settings and max_num_seqs values; optionally a transformers baseline in the same run."""
+across engine settings and max_num_seqs values, in interleaved rounds; optionally a transformers
+baseline in the same run."""
 
 from __future__ import annotations
 
@@ -68,10 +69,13 @@ class OfflineConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # block_size, num_blocks, kv_cache_mib, ...
     transformers: bool = False
     num_prompts: int | None = None
+    rounds: int = 1
 
     def __post_init__(self) -> None:
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ValueError(f"--concurrency needs integers >= 1, got {self.concurrencies}")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds needs an integer >= 1, got {self.rounds}")
         if self.transformers and importlib.util.find_spec("transformers") is None:
             raise ValueError("--transformers needs the transformers package (pip install transformers)")
 
@@ -89,6 +93,7 @@ class OfflineRun:
     latency_ms: Distribution  # completion time of each request, from the start of the batch
     num_preemptions: int | None
     prefix_cache_hits: int | None = None  # prompt tokens taken from the prefix cache
+    round: int = 1
 
     @property
     def name(self) -> str:
@@ -98,7 +103,9 @@ class OfflineRun:
 
 
 def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompts) -> Iterator[OfflineRun]:
-    """Yield each run as it finishes: per setting (models loaded once per dtype and GGUF weights) and concurrency."""
+    """Yield each run as it finishes: per round, setting (models loaded once per dtype and GGUF weights) and
+    concurrency. Every round runs every setting, so a machine that slows down mid-sweep slows them all alike;
+    the transformers baseline runs once, after the rounds."""
     device = resolve_device(config.engine_kwargs.get("device"))
     loaded_models: dict[tuple[str, str], LoadedModel] = {}
 
@@ -113,9 +120,11 @@ def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompt
     requests = take(_requests(source, first), config.num_prompts)
     prompts = [_token_ids(r.prompt, first.tokenizer) for r in requests]
     max_tokens = [r.max_tokens for r in requests]
-    for setting in config.settings:
-        for concurrency in config.concurrencies:
-            yield _run_ember(loaded(setting), config, setting, concurrency, prompts, max_tokens)
+    for round_number in range(1, config.rounds + 1):
+        for setting in config.settings:
+            for concurrency in config.concurrencies:
+                run = _run_ember(loaded(setting), config, setting, concurrency, prompts, max_tokens)
+                yield replace(run, round=round_number)
     if config.transformers:
         from ember_bench.hf_baseline import run_transformers
 

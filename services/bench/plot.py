@@ -1,4 +1,5 @@
-"""A PNG of offline runs: throughput and latency against concurrency, one line per configuration."""
+"""A PNG of offline runs: throughput and latency against concurrency, one line per configuration (its
+median round where there were several)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from pathlib import Path
 from matplotlib.figure import Figure  # a bare Figure renders with Agg and never touches a GUI backend
 
 from ember_bench.offline import OfflineRun
+from ember_bench.report import median_runs
 
 
 def plot_offline(runs: list[OfflineRun], path: str | Path, title: str) -> None:
     figure = Figure(figsize=(12, 4.5), layout="constrained")
     throughput_axes, latency_axes = figure.subplots(1, 2)
+    runs = median_runs(runs)
     for name in dict.fromkeys(run.name for run in runs):
         series = sorted((run for run in runs if run.name == name), key=lambda run: run.concurrency)
         concurrency = [run.concurrency for run in series]

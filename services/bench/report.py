@@ -59,13 +59,17 @@ def _dataclass_fields(value: Any) -> Any:
 
 
 OFFLINE_HEADER = (
-    f"{'configuration':<52}{'conc':>5}{'reqs':>6}{'tokens':>8}{'time s':>9}{'tok/s':>9}{'req/s':>8}"
+    f"{'configuration':<52}{'round':>6}{'conc':>5}{'reqs':>6}{'tokens':>8}{'time s':>9}{'tok/s':>9}{'req/s':>8}"
     f"{'lat mean':>10}{'p50':>9}{'p99':>9}{'preempt':>9}"
 )
 
 
 def offline_table(runs: list[OfflineRun]) -> str:
     lines = [OFFLINE_HEADER, "-" * len(OFFLINE_HEADER), *map(offline_row, runs)]
+    medians = median_runs(runs)
+    if len(medians) < len(runs):
+        lines += ["", "the median round of each configuration (by tok/s):", OFFLINE_HEADER, "-" * len(OFFLINE_HEADER)]
+        lines += map(offline_row, medians)
     lines.append("latency: seconds from the start of the batch until the request finished")
     return "\n".join(lines)
 
@@ -74,7 +78,20 @@ def offline_row(run: OfflineRun) -> str:
     latency = run.latency_ms
     preemptions = "-" if run.num_preemptions is None else str(run.num_preemptions)
     return (
-        f"{run.name:<52}{run.concurrency:>5}{run.num_requests:>6}{run.output_tokens:>8}{run.duration_s:>9.2f}"
+        f"{run.name:<52}{run.round:>6}{run.concurrency:>5}{run.num_requests:>6}{run.output_tokens:>8}{run.duration_s:>9.2f}"
         f"{run.output_throughput:>9.1f}{run.request_throughput:>8.2f}"
         f"{latency.mean / 1e3:>10.2f}{latency.median / 1e3:>9.2f}{latency.p99 / 1e3:>9.2f}{preemptions:>9}"
     )
+
+
+def median_runs(runs: list[OfflineRun]) -> list[OfflineRun]:
+    """Per configuration and concurrency, in first-seen order, the run of median output throughput (the
+    lower middle for an even count): a run that happened, so its latencies match its throughput."""
+    groups: dict[tuple[str, int], list[OfflineRun]] = {}
+    for run in runs:
+        groups.setdefault((run.name, run.concurrency), []).append(run)
+    medians = []
+    for group in groups.values():
+        ranked = sorted(group, key=lambda run: run.output_throughput)
+        medians.append(ranked[(len(ranked) - 1) // 2])
+    return medians

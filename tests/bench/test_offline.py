@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ember_bench.offline import EngineSetting, settings_to_compare
+from ember_bench.offline import EngineSetting, OfflineRun, settings_to_compare
+from ember_bench.report import median_runs
+from ember_bench.stats import Distribution
 from tests.bench.helpers import read_json, run_bench_cli
 
 TINY_RUN = ("--random-prompts", "3", "--random-input-len", "5", "--random-output-len", "4",
@@ -73,3 +75,40 @@ def test_prefix_caching_axis_runs_shared_prefixes_with_and_without_the_cache(gpt
     # One at a time: the first computes the 40 shared tokens, the other three find 32 of them.
     assert [run["prefix_cache_hits"] for run in runs] == [3 * 32, 0]
     assert [run["output_tokens"] for run in runs] == [4 * 3, 4 * 3]
+
+
+def test_rounds_interleave_the_settings_and_the_table_ends_with_each_median_round(
+    gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+) -> None:
+    out = tmp_path / "offline.json"
+    code = run_bench_cli("offline", "--model", str(gpt2_dir), *TINY_RUN, "--compare", "batching",
+                         "--concurrency", "2", "--rounds", "3", "--output-json", str(out))
+    assert code == 0
+    runs = read_json(out)["runs"]
+    continuous, static = "ember continuous/preempt/float32", "ember static/preempt/float32"
+    assert [(run["round"], run["name"]) for run in runs] == [
+        (1, continuous), (1, static), (2, continuous), (2, static), (3, continuous), (3, static),
+    ]
+    table = capsys.readouterr().out
+    medians = table.split("the median round of each configuration (by tok/s):")[1].splitlines()[3:5]
+    for name, median_line in zip((continuous, static), medians):
+        speeds = sorted(run["output_throughput"] for run in runs if run["name"] == name)
+        assert median_line.startswith(name) and f"{speeds[1]:.1f}" in median_line.split()
+
+
+def test_the_median_round_is_a_run_that_happened() -> None:
+    def run(name: str, round_number: int, tokens_per_s: float) -> OfflineRun:
+        latency = Distribution.of([1.0], 1e3)
+        assert latency is not None
+        return OfflineRun("ember", EngineSetting(batching=name), 4, 1, 10, 10 / tokens_per_s, tokens_per_s,
+                          1.0, latency, 0, round=round_number)
+
+    runs = [run("continuous", 1, 90.0), run("static", 1, 50.0), run("continuous", 2, 70.0),
+            run("static", 2, 40.0), run("continuous", 3, 80.0), run("continuous", 4, 100.0)]
+    assert [(r.setting.batching, r.round) for r in median_runs(runs)] == [("continuous", 3), ("static", 2)]
+
+
+def test_rounds_must_be_positive(gpt2_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    code = run_bench_cli("offline", "--model", str(gpt2_dir), *TINY_RUN, "--compare", "", "--rounds", "0")
+    assert code == 2
+    assert "--rounds needs an integer >= 1, got 0" in capsys.readouterr().err
