@@ -99,6 +99,9 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     continue_final_message: bool = False
     echo: bool = False  # vLLM's, not implemented: only false passes
     modalities: list[str] | None = None  # not implemented: only ["text"] passes
+    # type-checked, then unused: the model answers in text, a valid outcome of tool_choice "auto"
+    tools: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None  # the legacy tools
     audio: Any = None  # not implemented: only null passes
 
 

@@ -123,6 +123,9 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
     (CHAT, chat(function_call={"name": "f"}), 400, "function_call"),
+    (CHAT, chat(tools="f"), 400, "tools"),  # ignored, but only when it is a list of tool objects
+    (CHAT, chat(tools=["f"]), 400, "tools[0]"),
+    (CHAT, chat(functions={"name": "f"}), 400, "functions"),
     (COMPLETIONS, completion(best_of=3), 400, "best_of"),
     (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
     # vLLM's extensions ember does not implement
