@@ -155,6 +155,10 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
                 400, f"ember does not call tools: {name} must be \"none\" or \"auto\" (the model answers in text)",
                 param=name,
             )
+    if isinstance(body, ChatCompletionRequest):
+        for choice, tools in (("tool_choice", "tools"), ("function_call", "functions")):
+            if getattr(body, choice) is not None and getattr(body, tools) is None:
+                raise ApiError(400, f"{choice} is only allowed when {tools} are given", param=choice)
     for name, instead in _VLLM_EXTENSIONS_NOT_IMPLEMENTED.items():
         if getattr(body, name) not in (None, False, [], {}):
             raise ApiError(400, f"ember does not implement {name}: {instead}", param=name)

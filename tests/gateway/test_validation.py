@@ -126,6 +126,8 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (CHAT, chat(tools="f"), 400, "tools"),  # ignored, but only when it is a list of tool objects
     (CHAT, chat(tools=["f"]), 400, "tools[0]"),
     (CHAT, chat(functions={"name": "f"}), 400, "functions"),
+    (CHAT, chat(tool_choice="auto"), 400, "tool_choice"),  # without tools, as OpenAI and vLLM
+    (CHAT, chat(function_call="none"), 400, "function_call"),
     (COMPLETIONS, completion(best_of=3), 400, "best_of"),
     (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
     # vLLM's extensions ember does not implement
