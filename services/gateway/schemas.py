@@ -149,16 +149,15 @@ def reject_unsupported_values(body: GenerationRequest) -> None:
             400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",
             param="response_format",
         )
-    for name in ("tool_choice", "function_call"):
-        if getattr(body, name) not in (None, "none", "auto"):
+    for choice, tools in (("tool_choice", "tools"), ("function_call", "functions")):
+        value = getattr(body, choice)
+        if value not in (None, "none", "auto"):
             raise ApiError(
-                400, f"ember does not call tools: {name} must be \"none\" or \"auto\" (the model answers in text)",
-                param=name,
+                400, f"ember does not call tools: {choice} must be \"none\" or \"auto\" (the model answers in text)",
+                param=choice,
             )
-    if isinstance(body, ChatCompletionRequest):
-        for choice, tools in (("tool_choice", "tools"), ("function_call", "functions")):
-            if getattr(body, choice) is not None and getattr(body, tools) is None:
-                raise ApiError(400, f"{choice} is only allowed when {tools} are given", param=choice)
+        if value is not None and isinstance(body, ChatCompletionRequest) and getattr(body, tools) is None:
+            raise ApiError(400, f"{choice} is only allowed when {tools} are given", param=choice)
     for name, instead in _VLLM_EXTENSIONS_NOT_IMPLEMENTED.items():
         if getattr(body, name) not in (None, False, [], {}):
             raise ApiError(400, f"ember does not implement {name}: {instead}", param=name)
