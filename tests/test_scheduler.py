@@ -254,6 +254,29 @@ def test_static_batching_admits_only_when_the_batch_is_done() -> None:
     assert c.is_finished
 
 
+def test_a_static_batch_fills_up_over_several_steps_when_the_token_budget_is_short() -> None:
+    s = make_scheduler(batching="static", max_num_seqs=3, max_num_batched_tokens=8)
+    a, b, c, late = make_seq(6, max_tokens=20), make_seq(6, max_tokens=20), make_seq(6, max_tokens=2), make_seq(3)
+    for seq in (a, b, c):
+        s.add(seq)
+    assert run_step(s).seqs == [a, b]  # the budget ends inside b's prompt
+    assert run_step(s).seqs == [a, b, c]  # the batch is still open: c joins
+    s.add(late)
+    for _ in range(5):
+        assert late not in run_step(s).seqs  # c finished, but the batch closed when it was full
+    run_to_completion(s)
+    assert late.is_finished
+
+
+def test_a_static_batch_closes_when_the_queue_is_empty() -> None:
+    s = make_scheduler(batching="static", max_num_seqs=4)
+    a, late = make_seq(3, max_tokens=5), make_seq(3)
+    s.add(a)
+    run_step(s)
+    s.add(late)
+    assert run_step(s).seqs == [a]
+
+
 def test_continuous_batching_fills_a_free_slot_in_the_next_step() -> None:
     s = make_scheduler(max_num_seqs=2)
     a, b, c = make_seq(3, max_tokens=1), make_seq(3, max_tokens=4), make_seq(3, max_tokens=1)

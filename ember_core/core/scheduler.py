@@ -6,6 +6,10 @@ in chunks over several steps, beside the decodes of the running sequences. A chu
 charged for their attention over the context before them, so at long context chunks shrink and a
 step's compute stays near the budget's. With prefix caching, an admitted sequence starts from the
 cached blocks of its longest cached prefix and computes the rest.
+
+Static batching admits a batch only when the previous one is done. The batch stays open while
+the token budget is all that stops admission (its prompts then start over several steps) and
+closes once it holds `max_num_seqs` sequences, the queue is empty or the pool is full.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class Scheduler:
         # The context charge shrinks no chunk below this (the budget and the prompt's rest still do).
         self.min_chunk_tokens = min_chunk_tokens
         self.waiting: deque[Sequence] = deque()
+        self._static_batch_open = True
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
         self.num_reserved_blocks = 0
@@ -108,8 +113,12 @@ class Scheduler:
                 out.seqs.append(seq)
                 out.num_scheduled_tokens.append(num_tokens)
                 budget -= cost
-        if not out.preempted and (self.batching == "continuous" or not self.running):
+        if out.preempted:
+            return out
+        if self.batching == "continuous":
             self._admit(budget, out)
+        elif self._static_batch_open or not self.running:
+            self._static_batch_open = self._admit(budget, out)
         return out
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
@@ -127,17 +136,20 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, budget: int, out: SchedulerOutput) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _admit(self, budget: int, out: SchedulerOutput) -> bool:
+        """Admit waiting sequences FIFO; True if only the step's token budget stopped it."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            if budget <= 0:
+                return True
             seq = self.waiting[0]
             if self.admission == "reserve":
                 reservation = self.reservation_blocks(seq)
                 if self.num_reserved_blocks + reservation > self.block_manager.num_blocks:
-                    break
+                    return False
             cached = self._cached_prefix(seq)
             # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
             if not self.block_manager.can_start(seq.num_tokens, cached or []):
-                break
+                return False
             self.waiting.popleft()
             if self.admission == "reserve":
                 seq.reserved_blocks = reservation
@@ -154,6 +166,7 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_scheduled_tokens.append(num_tokens)
             budget -= cost
+        return False
 
     def _next_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens, budget spent) of seq's next chunk. Each token of a prompt chunk costs
