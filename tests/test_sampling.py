@@ -74,6 +74,26 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token() -> None:
         assert batch(k) == batch(0), k
 
 
+def test_top_p_is_measured_on_the_top_k_tokens_renormalised() -> None:
+    """As vLLM and transformers apply them: top-k first, then top-p on what it kept, rescaled to 1."""
+    probs = [0.45, 0.2, 0.1, 0.09, 0.08, 0.08]
+    logits = [math.log(p) for p in probs]
+    # top 3: 0.45 / 0.75 = 0.6 reaches top_p 0.58 alone (over the whole vocabulary it would not)
+    assert _draws(logits, SamplingParams(top_k=3, top_p=0.58, seed=0), 300) == {0}
+    # 0.6 < 0.7 <= (0.45 + 0.2) / 0.75
+    assert _draws(logits, SamplingParams(top_k=3, top_p=0.7, seed=0), 300) == {0, 1}
+    assert _draws(logits, SamplingParams(top_k=3, top_p=1.0, seed=0), 400) == {0, 1, 2}
+
+
+def test_top_p_over_a_top_k_wider_than_the_candidate_window() -> None:
+    # Flat over 4000 tokens: top_k=2000 keeps the first 2000, and top_p=0.5 half of those, not of all 4000.
+    logits = [-i * 1e-6 for i in range(4000)]
+    draws = _draws(logits, SamplingParams(top_k=2000, top_p=0.5, seed=5), 300)
+    assert 900 < max(draws) < 1010
+    draws = _draws(logits, SamplingParams(top_k=2000, seed=5), 300)
+    assert 1900 < max(draws) < 2000
+
+
 def test_min_p_leaves_out_tokens_below_its_share_of_the_most_likely_one() -> None:
     probs = [0.5, 0.3, 0.15, 0.05]
     logits = [math.log(p) for p in probs]
@@ -159,14 +179,14 @@ def test_a_nucleus_wider_than_the_candidate_window_is_sampled_whole() -> None:
 
 
 def _penalized_by_hand(logits: list[float], params: SamplingParams, prompt: list[int], outputs: list[int]) -> list[float]:
-    """OpenAI's presence / frequency penalties and vLLM's repetition penalty, token by token."""
+    """logit_bias, then vLLM's repetition penalty and OpenAI's presence / frequency penalties, token by token."""
     adjusted = []
     for token, logit in enumerate(logits):
+        logit += (params.logit_bias or {}).get(token, 0.0)
         if token in prompt or token in outputs:
             logit = logit / params.repetition_penalty if logit > 0 else logit * params.repetition_penalty
         count = outputs.count(token)
-        logit -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
-        adjusted.append(logit + (params.logit_bias or {}).get(token, 0.0))
+        adjusted.append(logit - params.frequency_penalty * count - params.presence_penalty * (count > 0))
     return adjusted
 
 
@@ -174,11 +194,13 @@ def test_penalties_and_logit_bias_follow_their_definitions() -> None:
     from ember_core.runner.penalties import apply_penalties_and_bias_
 
     generator = torch.Generator().manual_seed(3)
-    logits = torch.randn(3, 12, generator=generator) * 3
+    logits = torch.randn(4, 12, generator=generator) * 3
     cases = [
         (SamplingParams(presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3), [1, 2, 3], [3, 5, 5, 5, 0]),
         (SamplingParams(temperature=0, logit_bias={4: 100.0, 7: -2.5}), [4], [4]),  # bias alone: no history needed
         (SamplingParams(frequency_penalty=-1.5, repetition_penalty=0.8), [9], [9, 11, 11]),
+        # a bias on seen tokens: penalised together with the logit (vLLM), one pushed past zero
+        (SamplingParams(repetition_penalty=2.0, logit_bias={2: 4.0, 6: -9.0}), [2], [6]),
     ]
     requests = [
         SamplingRequest(params, len(outputs), (), prompt, outputs) if params.needs_token_history else SamplingRequest(params, 0)

@@ -9,10 +9,8 @@ from ember_core.runner.inputs import SamplingRequest
 
 
 def apply_penalties_and_bias_(logits: torch.Tensor, requests: list[SamplingRequest]) -> None:
-    """logits [rows, vocab] float32, one row per request, changed in place."""
-    rows = [row for row, req in enumerate(requests) if req.params.needs_token_history]
-    if rows:
-        _apply_penalties_(logits, rows, [requests[row] for row in rows])
+    """logits [rows, vocab] float32, one row per request, changed in place: logit_bias first, then
+    the penalties (vLLM's order, so a biased token that was seen is penalised with its bias)."""
     biased = [(row, token, bias) for row, req in enumerate(requests) for token, bias in (req.params.logit_bias or {}).items()]
     if biased:
         row_ids, token_ids, biases = zip(*biased)
@@ -21,6 +19,9 @@ def apply_penalties_and_bias_(logits: torch.Tensor, requests: list[SamplingReque
             torch.tensor(biases, device=logits.device, dtype=logits.dtype),
             accumulate=True,
         )
+    rows = [row for row, req in enumerate(requests) if req.params.needs_token_history]
+    if rows:
+        _apply_penalties_(logits, rows, [requests[row] for row in rows])
 
 
 def _apply_penalties_(logits: torch.Tensor, rows: list[int], requests: list[SamplingRequest]) -> None:

@@ -55,19 +55,23 @@ def _draw_with_torch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
 
 
 def _nucleus(probs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's top-k / top-p candidates, most likely first: (probabilities, zero outside; token ids)."""
+    """Each row's top-k / top-p candidates, most likely first: (probabilities, zero outside; token ids).
+    top_p is measured on the top-k tokens' own distribution, renormalised, as vLLM and transformers do."""
     vocab_size = probs.shape[1]
     top_k = [min(p.top_k, vocab_size) or vocab_size for p in params]  # a larger k is no limit
     width = min(max(top_k), _CANDIDATES)
     values, ids = probs.topk(width, dim=-1)
     if width < max(top_k):
         mass = values.sum(dim=-1).tolist()
-        if any(k > width and m < p.top_p for k, m, p in zip(top_k, mass, params)):
+        # A top-k cut past the candidates needs its whole mass; a nucleus wider than them, its tokens.
+        if any(k > width and (k < vocab_size or m < p.top_p) for k, m, p in zip(top_k, mass, params)):
             values, ids = probs.sort(dim=-1, descending=True)
     ranks = torch.arange(values.shape[1], device=probs.device).unsqueeze(0)
-    remove = ranks >= torch.tensor(top_k, device=probs.device).unsqueeze(1)
-    mass_before = values.cumsum(dim=-1) - values
-    remove |= mass_before >= torch.tensor([p.top_p for p in params], device=probs.device).unsqueeze(1)
+    k = torch.tensor(top_k, device=probs.device).unsqueeze(1)
+    values = values.masked_fill(ranks >= k, 0.0)
+    top_p = torch.tensor([p.top_p for p in params], device=probs.device).unsqueeze(1)
+    top_k_mass = torch.where(k < vocab_size, values.sum(dim=-1, keepdim=True), 1.0)
+    remove = ((values.cumsum(dim=-1) - values) / top_k_mass >= top_p) & (top_p < 1)
     remove[:, 0] = False
     return values.masked_fill(remove, 0.0), ids
 
