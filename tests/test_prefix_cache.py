@@ -111,6 +111,30 @@ def test_a_shared_prefix_is_computed_once_with_the_same_tokens(gpt2_dir) -> None
     assert_pool_free(cached)
 
 
+@pytest.mark.parametrize("budget", [512, 24])  # 24: the first prompt's blocks complete over two steps
+def test_prompts_admitted_in_one_step_compute_their_shared_prefix_once(gpt2_dir, budget: int) -> None:
+    """Blocks the first prompt completes in a step count as cached for the prompts admitted after it
+    in the same step: its K/V are written before any attention reads them."""
+    prompts = [PREFIX + [7, 8, 9], PREFIX + [10, 11], PREFIX[:35]]
+    cached = make_llm(gpt2_dir, True, max_num_batched_tokens=budget)
+    uncached = make_llm(gpt2_dir, False, max_num_batched_tokens=budget)
+    together, without = cached.generate(prompts, GREEDY), uncached.generate(prompts, GREEDY)
+    for a, b in zip(together, without):
+        assert a.token_ids == b.token_ids
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-5)
+    assert cached.stats().prefix_cache_hits == 2 * 32
+    assert_pool_free(cached)
+
+
+def test_the_choices_of_a_request_compute_its_prompt_once(gpt2_dir) -> None:
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=8, ignore_eos=True)
+    cached, uncached = make_llm(gpt2_dir, True), make_llm(gpt2_dir, False)
+    choices = [c.token_ids for c in cached.generate([PREFIX], params)[0].outputs]
+    assert choices == [c.token_ids for c in uncached.generate([PREFIX], params)[0].outputs]
+    assert cached.stats().prefix_cache_hits == 2 * 32  # choices 1 and 2 compute only their last 8 tokens
+    assert_pool_free(cached)
+
+
 def test_a_repeated_prompt_computes_only_its_last_token_block(gpt2_dir) -> None:
     llm = make_llm(gpt2_dir, True, block_size=4)
     prompt = PREFIX[:32]  # whole blocks: the last one is computed again for its last token's logits

@@ -22,7 +22,8 @@ _next_id = iter(range(10**6))
 
 def make_seq(prompt_len: int, max_tokens: int = 8) -> Sequence:
     seq_id = next(_next_id)
-    return Sequence(seq_id, f"r{seq_id}", list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), 0.0)
+    first = 1000 * seq_id + 1  # prompts share no prefix
+    return Sequence(seq_id, f"r{seq_id}", list(range(first, first + prompt_len)), SamplingParams(max_tokens=max_tokens), 0.0)
 
 
 def run_step(s: Scheduler) -> SchedulerOutput:

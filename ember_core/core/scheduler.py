@@ -5,7 +5,10 @@ budget, `max_num_seqs` and the free blocks. A prompt longer than the remaining b
 in chunks over several steps, beside the decodes of the running sequences. A chunk's tokens are
 charged for their attention over the context before them, so at long context chunks shrink and a
 step's compute stays near the budget's. With prefix caching, an admitted sequence starts from the
-cached blocks of its longest cached prefix and computes the rest.
+cached blocks of its longest cached prefix and computes the rest; blocks that a sequence scheduled
+earlier in the same step completes count as cached too (every step writes its K/V before any
+attention reads), so the n choices of a request, or a burst sharing a system prompt, compute the
+shared prompt once.
 
 Static batching admits a batch only when the previous one is done. The batch stays open while
 the token budget is all that stops admission (its prompts then start over several steps) and
@@ -138,6 +141,10 @@ class Scheduler:
 
     def _admit(self, budget: int, out: SchedulerOutput) -> bool:
         """Admit waiting sequences FIFO; True if only the step's token budget stopped it."""
+        completed_in_step: dict[bytes, int] = {}
+        if self.prefix_caching and self.waiting:
+            for seq, num_tokens in zip(out.seqs, out.num_scheduled_tokens):
+                self._note_completed_blocks(seq, num_tokens, completed_in_step)
         while self.waiting and len(self.running) < self.max_num_seqs:
             if budget <= 0:
                 return True
@@ -146,7 +153,7 @@ class Scheduler:
                 reservation = self.reservation_blocks(seq)
                 if self.num_reserved_blocks + reservation > self.block_manager.num_blocks:
                     return False
-            cached = self._cached_prefix(seq)
+            cached = self._cached_prefix(seq, completed_in_step)
             # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
             if not self.block_manager.can_start(seq.num_tokens, cached or []):
                 return False
@@ -166,7 +173,18 @@ class Scheduler:
             out.seqs.append(seq)
             out.num_scheduled_tokens.append(num_tokens)
             budget -= cost
+            self._note_completed_blocks(seq, num_tokens, completed_in_step)
         return False
+
+    def _note_completed_blocks(self, seq: Sequence, num_tokens: int, completed: dict[bytes, int]) -> None:
+        """Add to `completed` (prefix hash -> block) the hashed full blocks seq completes this step."""
+        if not self._uses_prefix_cache(seq):
+            return
+        size = self.block_manager.block_size
+        end = min((seq.num_computed_tokens + num_tokens) // size, len(seq.block_hashes))
+        table = self.block_manager.block_table(seq.seq_id)
+        for index in range(seq.num_computed_tokens // size, end):
+            completed.setdefault(seq.block_hashes[index], table[index])
 
     def _next_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens, budget spent) of seq's next chunk. Each token of a prompt chunk costs
@@ -183,14 +201,19 @@ class Scheduler:
         # Scoring the prompt needs every prompt row computed.
         return self.prefix_caching and seq.params.prompt_logprobs is None
 
-    def _cached_prefix(self, seq: Sequence) -> list[int] | None:
-        """Cached blocks of seq's longest cached prefix, leaving at least its last token to compute
-        (its logits sample the next token); None when seq does not use the prefix cache."""
+    def _cached_prefix(self, seq: Sequence, completed_in_step: dict[bytes, int]) -> list[int] | None:
+        """Blocks of seq's longest prefix cached or completed in this step, leaving at least its last
+        token to compute (its logits sample the next token); None when seq does not use the cache."""
         if not self._uses_prefix_cache(seq):
             return None
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
-        return self.block_manager.cached_prefix(seq.block_hashes[:num_blocks])
+        hits = self.block_manager.cached_prefix(seq.block_hashes[:num_blocks])
+        for block_hash in seq.block_hashes[len(hits) : num_blocks]:
+            if block_hash not in completed_in_step:
+                break
+            hits.append(completed_in_step[block_hash])
+        return hits
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Offer seq's full blocks computed by now to the prefix cache (after each step it ran in)."""
