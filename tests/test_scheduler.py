@@ -269,6 +269,20 @@ def test_a_static_batch_fills_up_over_several_steps_when_the_token_budget_is_sho
     assert late.is_finished
 
 
+def test_a_static_batch_leaves_the_place_of_a_member_that_finished_empty() -> None:
+    s = make_scheduler(batching="static", max_num_seqs=3, max_num_batched_tokens=6)
+    a, b, c, d = make_seq(5, max_tokens=1), make_seq(5, max_tokens=10), make_seq(2, max_tokens=10), make_seq(3)
+    for seq in (a, b, c, d):
+        s.add(seq)
+    assert run_step(s).seqs == [a, b]  # the budget ends inside b's prompt: the batch stays open
+    assert a.is_finished
+    assert run_step(s).seqs == [b, c]  # c is the third member
+    for _ in range(5):
+        assert d not in run_step(s).seqs  # a's place stays empty until the batch is done
+    run_to_completion(s)
+    assert d.is_finished
+
+
 def test_a_static_batch_closes_when_the_queue_is_empty() -> None:
     s = make_scheduler(batching="static", max_num_seqs=4)
     a, late = make_seq(3, max_tokens=5), make_seq(3)

@@ -76,6 +76,12 @@ class Engine:
             num_blocks * bytes_per_block / 2**20, kv_dtype,
         )
         self.max_model_len = _max_model_len(self.loaded.max_model_len, config.max_model_len, num_blocks * config.block_size)
+        if config.max_num_seqs > config.max_num_batched_tokens:
+            logger.warning(
+                "max_num_seqs %d > max_num_batched_tokens %d: every running sequence takes at least one token "
+                "of a step, so at most %d run at once",
+                config.max_num_seqs, config.max_num_batched_tokens, config.max_num_batched_tokens,
+            )
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.block_manager,

@@ -12,7 +12,8 @@ shared prompt once.
 
 Static batching admits a batch only when the previous one is done. The batch stays open while
 the token budget is all that stops admission (its prompts then start over several steps) and
-closes once it holds `max_num_seqs` sequences, the queue is empty or the pool is full.
+closes once `max_num_seqs` sequences joined it, the queue is empty or the pool is full; a member
+that finishes early leaves its place empty.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Scheduler:
         self.min_chunk_tokens = min_chunk_tokens
         self.waiting: deque[Sequence] = deque()
         self._static_batch_open = True
+        self._static_batch_members: set[int] = set()  # seq ids admitted to the current static batch
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
         self.num_reserved_blocks = 0
@@ -121,6 +123,8 @@ class Scheduler:
         if self.batching == "continuous":
             self._admit(budget, out)
         elif self._static_batch_open or not self.running:
+            if not self.running:
+                self._static_batch_members.clear()
             self._static_batch_open = self._admit(budget, out)
         return out
 
@@ -145,7 +149,7 @@ class Scheduler:
         if self.prefix_caching and self.waiting:
             for seq, num_tokens in zip(out.seqs, out.num_scheduled_tokens):
                 self._note_completed_blocks(seq, num_tokens, completed_in_step)
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while self.waiting and self._has_room(self.waiting[0]):
             if budget <= 0:
                 return True
             seq = self.waiting[0]
@@ -170,11 +174,18 @@ class Scheduler:
             self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running[seq.seq_id] = seq
+            if self.batching == "static":
+                self._static_batch_members.add(seq.seq_id)
             out.seqs.append(seq)
             out.num_scheduled_tokens.append(num_tokens)
             budget -= cost
             self._note_completed_blocks(seq, num_tokens, completed_in_step)
         return False
+
+    def _has_room(self, seq: Sequence) -> bool:
+        if self.batching == "static":  # a preempted member may come back
+            return len(self._static_batch_members) < self.max_num_seqs or seq.seq_id in self._static_batch_members
+        return len(self.running) < self.max_num_seqs
 
     def _note_completed_blocks(self, seq: Sequence, num_tokens: int, completed: dict[bytes, int]) -> None:
         """Add to `completed` (prefix hash -> block) the hashed full blocks seq completes this step."""
