@@ -1,4 +1,4 @@
-"""torch.ops.ember.llama_decode_layer_ (kernels/decoder_layer.cpp), a Llama layer's decode step as
+"""cpu_ops.ops().llama_decode_layer_ (kernels/decoder_layer.cpp), a Llama layer's decode step as
 one C++ call, against the layer's modules: the same output bits and the same K/V written, for float32
 weights with biases, GGUF blocks and a half-size cache; and decode steps take it."""
 
@@ -11,6 +11,7 @@ import torch
 from torch.profiler import profile
 
 from ember_core import LLM
+from ember_core.kernels import cpu_ops
 from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import rope_cos_sin, rope_inv_freq
 from ember_core.runner.inputs import SequenceChunk
@@ -92,10 +93,11 @@ def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not() -> None:
         "mixed": [SequenceChunk([7], 4, table, None), SequenceChunk([8, 9], 0, [4], None)],
     }
     calls = {}
+    fused_layer = f"{cpu_ops.active_instruction_set().op_namespace}::llama_decode_layer_"
     for name, chunks in steps.items():
         with profile() as prof:
             runner.forward_hidden(chunks)
-        calls[name] = sum(event.count for event in prof.key_averages() if event.key == "ember::llama_decode_layer_")
+        calls[name] = sum(event.count for event in prof.key_averages() if event.key == fused_layer)
     assert calls == {"prefill": 0, "decode": TINY.num_layers, "mixed": 0}
 
 
@@ -112,7 +114,7 @@ def test_bad_operands_are_rejected_before_the_cache_changes() -> None:
     before = key_cache.clone()
 
     def call(weights: list[torch.Tensor], num_heads: int = TINY.num_heads) -> None:
-        torch.ops.ember.llama_decode_layer_(
+        cpu_ops.ops().llama_decode_layer_(
             hidden.clone(), layer.input_layernorm.weight, layer.post_attention_layernorm.weight, 1e-5,
             weights, [None] * len(weights), [-1] * len(weights), cos, sin, key_cache, attention.attn.value_cache,
             meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, num_heads, 0.25,

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ember_core.kernels import cpu_ops
 from ember_core.layers.activation import silu_and_mul
 from ember_core.models.llama import RMSNorm
 from ember_core.models.rotary import apply_rope, apply_rope_
@@ -20,12 +21,12 @@ def test_rms_norm_is_accurate_and_each_row_is_independent_of_the_batch(rows: int
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, dim, generator=generator) * 3
     weight = torch.rand(dim, generator=generator) + 0.5
-    actual = torch.ops.ember.rms_norm(x, weight, 1e-5)
+    actual = cpu_ops.ops().rms_norm(x, weight, 1e-5)
     exact = (weight.double() * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)).float()
     torch.testing.assert_close(actual, exact, rtol=2e-7, atol=1e-6)
     torch.testing.assert_close(actual, F.rms_norm(x, (dim,), weight, 1e-5), rtol=1e-6, atol=2e-6)
     for row in (0, rows - 1):
-        assert torch.equal(torch.ops.ember.rms_norm(x[row : row + 1].clone(), weight, 1e-5), actual[row : row + 1])
+        assert torch.equal(cpu_ops.ops().rms_norm(x[row : row + 1].clone(), weight, 1e-5), actual[row : row + 1])
 
 
 def test_llama_rms_norm_module_uses_it_for_float32_cpu_rows() -> None:
@@ -33,7 +34,7 @@ def test_llama_rms_norm_module_uses_it_for_float32_cpu_rows() -> None:
     with torch.no_grad():
         norm.weight.copy_(torch.rand(64) + 0.5)
     x = torch.randn(3, 64)
-    assert torch.equal(norm(x), torch.ops.ember.rms_norm(x, norm.weight, 1e-6))
+    assert torch.equal(norm(x), cpu_ops.ops().rms_norm(x, norm.weight, 1e-6))
     as_double = norm.double()(x.double())  # other dtypes keep the torch formula
     torch.testing.assert_close(as_double.float(), norm.float()(x), rtol=1e-6, atol=1e-6)
 
@@ -68,7 +69,7 @@ def test_silu_and_mul_matches_torch(rows: int, width: int) -> None:
     gate_up[0, :6] = torch.tensor([-100.0, -87.5, -20.0, 0.0, 20.0, 100.0])
     gate, up = gate_up.chunk(2, dim=-1)
     expected = F.silu(gate) * up
-    actual = torch.ops.ember.silu_and_mul(gate_up)
+    actual = cpu_ops.ops().silu_and_mul(gate_up)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-30)
     assert torch.equal(silu_and_mul(gate_up), actual)
     as_double = silu_and_mul(gate_up.double())  # other dtypes keep the torch formula
@@ -77,12 +78,12 @@ def test_silu_and_mul_matches_torch(rows: int, width: int) -> None:
 
 def test_ops_reject_what_they_cannot_compute() -> None:
     with pytest.raises(RuntimeError, match="x must be a float32 CPU tensor"):
-        torch.ops.ember.rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8), 1e-6)
+        cpu_ops.ops().rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8), 1e-6)
     with pytest.raises(RuntimeError, match="x must be a contiguous \\[rows, 8\\] tensor"):
-        torch.ops.ember.rms_norm(torch.ones(2, 9), torch.ones(8), 1e-6)
+        cpu_ops.ops().rms_norm(torch.ones(2, 9), torch.ones(8), 1e-6)
     with pytest.raises(RuntimeError, match="even head_dim"):
-        torch.ops.ember.rotary_(torch.ones(2, 3, 7), torch.ones(2, 7), torch.ones(2, 7))
+        cpu_ops.ops().rotary_(torch.ones(2, 3, 7), torch.ones(2, 7), torch.ones(2, 7))
     with pytest.raises(RuntimeError, match="cos and sin must be contiguous \\[2, 8\\]"):
-        torch.ops.ember.rotary_(torch.ones(2, 3, 8), torch.ones(3, 8), torch.ones(3, 8))
+        cpu_ops.ops().rotary_(torch.ones(2, 3, 8), torch.ones(3, 8), torch.ones(3, 8))
     with pytest.raises(RuntimeError, match="gate_up must be a contiguous \\[rows, 2 \\* n\\] tensor"):
-        torch.ops.ember.silu_and_mul(torch.ones(2, 7))
+        cpu_ops.ops().silu_and_mul(torch.ones(2, 7))

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -16,14 +17,24 @@ import torch
 from ember_core.kernels import cpu_ops
 
 
-@pytest.fixture(scope="module")
-def kernel() -> None:
-    """Builds the extension once (JIT, cached on disk). Without a toolchain the tests skip (callers
+@pytest.fixture(scope="module", params=cpu_ops.INSTRUCTION_SETS, ids=lambda isa: isa.name)
+def kernel(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Runs a module's tests on each instruction set's build this CPU can execute (JIT, cached on
+    disk), the ops and the layers calling them alike. Without a toolchain the tests skip (callers
     fall back to SDPA); with one, a failed build is a failure."""
-    if not cpu_ops.is_available():
-        if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ compiler or ninja: {cpu_ops.unavailable_reason()}")
-        pytest.fail(f"the extension did not build: {cpu_ops.unavailable_reason()}")
+    isa: cpu_ops.InstructionSet = request.param
+    missing = isa.missing_cpu_flags()
+    if missing:
+        pytest.skip(f"the {isa.name} kernels need CPU flags this CPU lacks: {', '.join(missing)}")
+    cpu_ops.use_instruction_set(isa)
+    try:
+        if not cpu_ops.is_available():
+            if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
+                pytest.skip(f"no C++ compiler or ninja: {cpu_ops.unavailable_reason()}")
+            pytest.fail(f"the extension did not build: {cpu_ops.unavailable_reason()}")
+        yield
+    finally:
+        cpu_ops.use_instruction_set(None)
 
 
 @dataclass
@@ -269,7 +280,7 @@ def test_write_kv_cache_fills_the_slots_index_copy_would(kernel: None, dtype: to
     expected_keys, expected_values = key_cache.clone(), value_cache.clone()
     expected_keys.view(-1, 3, 8).index_copy_(0, slots, key)
     expected_values.view(-1, 3, 8).index_copy_(0, slots, value)
-    torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, key, value)
+    cpu_ops.ops().write_kv_cache_(key_cache, value_cache, slots, key, value)
     assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
 
 
@@ -280,7 +291,7 @@ def test_write_kv_cache_rounds_float32_rows_into_a_narrower_cache(kernel: None, 
     qkv = torch.randn(5, 9 * 8 + 2 * 3 * 8, generator=torch.Generator().manual_seed(0)) * 300  # some past fp16's precision
     key, value = (qkv[:, 72 + i * 24 : 96 + i * 24].view(5, 3, 8) for i in range(2))
     slots = torch.tensor([23, 0, 7, 8, 16])
-    torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, key, value)
+    cpu_ops.ops().write_kv_cache_(key_cache, value_cache, slots, key, value)
     assert torch.equal(key_cache.view(-1, 3, 8)[slots], key.to(cache_dtype))
     assert torch.equal(value_cache.view(-1, 3, 8)[slots], value.to(cache_dtype))
     assert int((key_cache != 0).sum()) == key.numel()  # nothing but those slots
@@ -303,17 +314,17 @@ def test_write_kv_cache_rounds_float32_rows_into_a_narrower_cache(kernel: None, 
 def test_write_kv_cache_rejects_what_it_cannot_write(kernel: None, slots, rows, message: str) -> None:
     key_cache, value_cache = torch.zeros(6, 4, 3, 8), torch.zeros(6, 4, 3, 8)
     with pytest.raises(RuntimeError, match=message):
-        torch.ops.ember.write_kv_cache_(key_cache, value_cache, slots, rows, rows)
+        cpu_ops.ops().write_kv_cache_(key_cache, value_cache, slots, rows, rows)
     assert not key_cache.any() and not value_cache.any()  # nothing written before the error
 
 
 def test_op_traces_under_torch_compile(kernel: None) -> None:
     case = make_case([3, 40, 17], num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32)
 
+    paged_decode_attention = cpu_ops.ops().paged_decode_attention  # the op itself: what a compiled model calls
+
     def attend(query: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-        return torch.ops.ember.paged_decode_attention(
-            query * 1.0, case.key_cache, case.value_cache, block_tables, context_lens, case.scale
-        )
+        return paged_decode_attention(query * 1.0, case.key_cache, case.value_cache, block_tables, context_lens, case.scale)
 
     compiled = torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=True)
     out = compiled(case.query, case.block_tables, case.context_lens)
@@ -323,7 +334,7 @@ def test_op_traces_under_torch_compile(kernel: None) -> None:
 def test_unbuildable_extension_falls_back_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
 
-    def broken_build() -> None:
+    def broken_build(isa: cpu_ops.InstructionSet) -> None:
         attempts.append(1)
         raise OSError("no C++ compiler found")
 
@@ -345,5 +356,6 @@ def test_a_build_lock_left_by_a_killed_build_does_not_stop_the_next_load(kernel)
     stale = cpu_ops.build_directory() / "lock"
     stale.touch()
     check = "from ember_core.kernels import cpu_ops; assert cpu_ops.is_available(), cpu_ops.unavailable_reason()"
-    subprocess.run([sys.executable, "-c", check], check=True, timeout=300)
+    environment = {**os.environ, cpu_ops.ISA_ENVIRONMENT_VARIABLE: cpu_ops.active_instruction_set().name}
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=300, env=environment)
     assert not stale.exists()

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ember_core.kernels import cpu_ops
 from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import (
     GGUF_BLOCK_FORMATS,
@@ -34,7 +35,7 @@ def test_kernel_computes_what_f_linear_computes(rows: int, in_features: int, out
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)
     b = torch.randn(out_features, generator=generator) if bias else None
-    actual = torch.ops.ember.small_batch_linear(x, weight, b)
+    actual = cpu_ops.ops().small_batch_linear(x, weight, b)
     # float32 sums of up to 576 unit-scale products, added in another order than BLAS does
     expected = F.linear(x.double(), weight.double(), None if b is None else b.double()).float()
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=5e-5)
@@ -43,13 +44,13 @@ def test_kernel_computes_what_f_linear_computes(rows: int, in_features: int, out
 @pytest.mark.usefixtures("kernel")
 def test_kernel_rejects_what_it_cannot_compute() -> None:
     with pytest.raises(RuntimeError, match="weight must be a contiguous float32 CPU tensor"):
-        torch.ops.ember.small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8, dtype=torch.float64), None)
+        cpu_ops.ops().small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8, dtype=torch.float64), None)
     with pytest.raises(RuntimeError, match="x must be a contiguous float32 CPU tensor"):
-        torch.ops.ember.small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8), None)
+        cpu_ops.ops().small_batch_linear(torch.ones(2, 8, dtype=torch.float64), torch.ones(4, 8), None)
     with pytest.raises(RuntimeError, match="x must be \\[m, 9\\]"):
-        torch.ops.ember.small_batch_linear(torch.ones(2, 8), torch.ones(4, 9), None)
+        cpu_ops.ops().small_batch_linear(torch.ones(2, 8), torch.ones(4, 9), None)
     with pytest.raises(RuntimeError, match="bias must be"):
-        torch.ops.ember.small_batch_linear(torch.ones(2, 8), torch.ones(4, 8), torch.ones(5))
+        cpu_ops.ops().small_batch_linear(torch.ones(2, 8), torch.ones(4, 8), torch.ones(5))
 
 
 @pytest.mark.usefixtures("kernel")
@@ -138,7 +139,7 @@ def _blocks(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: 
 def test_blocks_expand_to_exactly_gguf_py_values(kind: gguf.GGMLQuantizationType, out_features: int, blocks_per_row: int) -> None:
     blocks, values = _blocks(kind, out_features, blocks_per_row, seed=out_features)
     assert values.abs().max() > 0.01  # random blocks' factors: not all rounded to zero
-    actual = torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], values.shape[1])
+    actual = cpu_ops.ops().gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[kind], values.shape[1])
     assert torch.equal(actual, values)
 
 
@@ -151,8 +152,8 @@ def test_block_kernel_is_bit_identical_to_the_float32_kernel(kind: gguf.GGMLQuan
     in_features = values.shape[1]
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(7))
     b = torch.randn(45) if bias else None
-    actual = torch.ops.ember.gguf_block_linear(x, blocks, b, GGUF_BLOCK_FORMATS[kind], in_features)
-    assert torch.equal(actual, torch.ops.ember.small_batch_linear(x, values, b))
+    actual = cpu_ops.ops().gguf_block_linear(x, blocks, b, GGUF_BLOCK_FORMATS[kind], in_features)
+    assert torch.equal(actual, cpu_ops.ops().small_batch_linear(x, values, b))
 
 
 @pytest.mark.usefixtures("kernel")
@@ -165,14 +166,14 @@ def test_each_output_row_has_the_same_bits_whatever_the_other_rows(kind: gguf.GG
     in_features = values.shape[1]
     x = torch.randn(17, in_features, generator=torch.Generator().manual_seed(8))
     b = torch.randn(45)
-    alone = torch.cat([torch.ops.ember.small_batch_linear(x[i : i + 1], values, b) for i in range(17)])
+    alone = torch.cat([cpu_ops.ops().small_batch_linear(x[i : i + 1], values, b) for i in range(17)])
     for rows in range(1, 18):
-        assert torch.equal(torch.ops.ember.small_batch_linear(x[:rows], values, b), alone[:rows]), rows
-        assert torch.equal(torch.ops.ember.gguf_block_linear(x[:rows], blocks, b, GGUF_BLOCK_FORMATS[kind], in_features), alone[:rows]), rows
+        assert torch.equal(cpu_ops.ops().small_batch_linear(x[:rows], values, b), alone[:rows]), rows
+        assert torch.equal(cpu_ops.ops().gguf_block_linear(x[:rows], blocks, b, GGUF_BLOCK_FORMATS[kind], in_features), alone[:rows]), rows
     odd = torch.randn(6, 13)  # 13 values: one vector and a tail of 5
     weight = torch.randn(7, 13)
-    alone = torch.cat([torch.ops.ember.small_batch_linear(odd[i : i + 1], weight, None) for i in range(6)])
-    assert torch.equal(torch.ops.ember.small_batch_linear(odd, weight, None), alone)
+    alone = torch.cat([cpu_ops.ops().small_batch_linear(odd[i : i + 1], weight, None) for i in range(6)])
+    assert torch.equal(cpu_ops.ops().small_batch_linear(odd, weight, None), alone)
 
 
 @pytest.mark.usefixtures("kernel")
@@ -213,15 +214,15 @@ def test_stacked_parts_in_different_formats_match_one_float32_layer() -> None:
 def test_block_kernel_rejects_blocks_that_do_not_fit() -> None:
     blocks, _ = _blocks(Q.Q4_1, 4, 2, seed=0)
     with pytest.raises(RuntimeError, match="rows of 96 weights take 60 bytes in this format, blocks has 40"):
-        torch.ops.ember.gguf_block_linear(torch.ones(2, 96), blocks, None, 0, 96)
+        cpu_ops.ops().gguf_block_linear(torch.ones(2, 96), blocks, None, 0, 96)
     with pytest.raises(RuntimeError, match="unknown GGUF block format 17"):
-        torch.ops.ember.gguf_dequantize(blocks, 17, 64)
+        cpu_ops.ops().gguf_dequantize(blocks, 17, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        torch.ops.ember.gguf_dequantize(blocks, 0, 40)
+        cpu_ops.ops().gguf_dequantize(blocks, 0, 40)
     with pytest.raises(RuntimeError, match="multiple of 256 in this format"):
-        torch.ops.ember.gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[Q.Q4_K], 64)
+        cpu_ops.ops().gguf_dequantize(blocks, GGUF_BLOCK_FORMATS[Q.Q4_K], 64)
     with pytest.raises(RuntimeError, match="x must be \\[m, 64\\]"):
-        torch.ops.ember.gguf_block_linear(torch.ones(2, 32), blocks, None, 0, 64)
+        cpu_ops.ops().gguf_block_linear(torch.ones(2, 32), blocks, None, 0, 64)
 
 
 @pytest.mark.usefixtures("kernel")

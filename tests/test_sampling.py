@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ember_core import SamplingParams
+from ember_core.kernels import cpu_ops
 from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.sampler import _draw_with_torch, sample
 from tests.conftest import assert_pool_free, token_prompts
@@ -268,7 +269,7 @@ def test_generate_rejects_stop_token_ids_outside_the_vocabulary_and_params_of_an
 
 @pytest.mark.usefixtures("kernel")
 def test_the_cpu_draw_takes_the_tokens_torchs_cumulative_sums_take() -> None:
-    """torch.ops.ember.inverse_cdf_draw against cumsum + searchsorted in float64: the same token for
+    """cpu_ops.ops().inverse_cdf_draw against cumsum + searchsorted in float64: the same token for
     every row, also for targets that land exactly on a cumulative sum, zeros, and u at its extremes."""
     generator = torch.Generator().manual_seed(9)
     wide = (torch.randn(16, 49152, generator=generator) * 3).softmax(dim=-1)
@@ -285,4 +286,4 @@ def test_the_cpu_draw_takes_the_tokens_torchs_cumulative_sums_take() -> None:
             torch.full((rows,), 1 - 2.0**-53, dtype=torch.float64),
         ):
             expected = _draw_with_torch(probs, uniforms)
-            assert torch.equal(torch.ops.ember.inverse_cdf_draw(probs, uniforms), expected)
+            assert torch.equal(cpu_ops.ops().inverse_cdf_draw(probs, uniforms), expected)

@@ -42,7 +42,7 @@ def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], Any]]]:
         )
     if cpu_ops.is_available():
         found["ember small_batch_linear"] = (
-            lambda x, w: torch.ops.ember.small_batch_linear(x, w, None),
+            lambda x, w: cpu_ops.ops().small_batch_linear(x, w, None),
             lambda w: w,
         )
         found["ember gguf_block_linear (Q4_1 layers, Q8_0 head)"] = (
@@ -57,7 +57,7 @@ def candidates() -> dict[str, tuple[LinearFn, Callable[[torch.Tensor], Any]]]:
 
 
 def _block_linear(x: torch.Tensor, packed: tuple[torch.Tensor, int]) -> torch.Tensor:
-    return torch.ops.ember.gguf_block_linear(x, packed[0], None, packed[1], x.shape[1])
+    return cpu_ops.ops().gguf_block_linear(x, packed[0], None, packed[1], x.shape[1])
 
 
 def _quantize_like_smollm2(weight: torch.Tensor) -> tuple[torch.Tensor, int]:

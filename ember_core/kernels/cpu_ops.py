@@ -1,13 +1,20 @@
-"""Loader for ember's C++ CPU ops, one extension built from the .cpp files next to this one:
-`torch.ops.ember.paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
+"""Loader for ember's C++ CPU ops, one extension per instruction set built from the .cpp files next
+to this one: `paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
 `small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp),
-`rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp), and
+`rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp),
 `llama_decode_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h),
-and the sampler's `inverse_cdf_draw` (sampling.cpp).
+and the sampler's `inverse_cdf_draw` (sampling.cpp). `ops()` is the op namespace of the instruction
+set in use: `ops().small_batch_linear(...)`.
 
-The build is attempted once per process; a failure (no compiler, no ninja, ...) is remembered, so
-callers can ask `is_available()` once and fall back to SDPA / torch's GEMM without paying for a
-retry per call.
+Each instruction set is built with fixed compiler flags (never `-march=native`, whose tuning and
+contraction choices differ from CPU to CPU) and `-ffp-contract=off`: a multiply-add is fused where
+the source says so (`multiply_add`, `_mm*_fmadd_ps`, `std::fma`) and nowhere else, so the bits
+depend on the instruction set only. The best one the CPU runs is used, or the one `EMBER_CPU_ISA`
+names (`baseline`, `avx2`, `avx512`), which lets an AVX-512 machine run and test the lower paths.
+
+The build is attempted once per process and instruction set; a failure (no compiler, no ninja, ...)
+is remembered, so callers can ask `is_available()` once and fall back to SDPA / torch's GEMM
+without paying for a retry per call.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import platform
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,32 +34,108 @@ _SOURCES = [
     Path(__file__).with_name(name)
     for name in ("paged_decode.cpp", "small_batch_linear.cpp", "elementwise.cpp", "kv_cache.cpp", "decoder_layer.cpp", "sampling.cpp")
 ]
+_COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")
+ISA_ENVIRONMENT_VARIABLE = "EMBER_CPU_ISA"
+
+
+@dataclass(frozen=True)
+class InstructionSet:
+    name: str
+    cpu_flags: tuple[str, ...]  # what /proc/cpuinfo must list for the build to run here
+    compiler_flags: tuple[str, ...]
+
+    @property
+    def op_namespace(self) -> str:
+        return f"ember_{self.name}"
+
+    def missing_cpu_flags(self) -> list[str]:
+        return [flag for flag in self.cpu_flags if flag not in _cpu_flags()]
+
+
+# x86-64-v3 and -v4 as GCC and Clang define them; `abm` is how Linux names LZCNT.
+_X86_64_V3 = ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave")
+_X86_64_V4 = ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
+_IS_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+# Lowest first. `baseline` is the generic vector code every CPU of the architecture runs.
+INSTRUCTION_SETS = (
+    InstructionSet("baseline", (), ("-mtune=generic",) if _IS_X86_64 else ()),
+    *(
+        (
+            InstructionSet("avx2", _X86_64_V3, ("-march=x86-64-v3", "-mtune=generic")),
+            InstructionSet("avx512", _X86_64_V3 + _X86_64_V4, ("-march=x86-64-v4", "-mtune=generic")),
+        )
+        if _IS_X86_64
+        else ()
+    ),
+)
 
 
 class KernelUnavailableError(RuntimeError):
     """The C++ extension could not be built or loaded on this machine."""
 
 
-def _build_tag() -> str:
-    # Builds are cached by name. The build uses -march=native, so a home directory shared with a
-    # machine of another CPU must not load this one's binary: the name carries the CPU's flags. It
-    # also carries the Python and torch versions the binary is built for, and where the sources are:
-    # two checkouts sharing one name would rebuild over each other's binary at every start.
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+            line = next((line for line in cpuinfo if line.startswith("flags")), "")
     except OSError:
-        flags = ""
-    key = f"{flags or platform.processor()}\n{sys.version_info[:2]}\n{torch.__version__}\n{Path(__file__).parent.resolve()}"
+        line = ""
+    return frozenset(line.partition(":")[2].split())
+
+
+def instruction_set_named(name: str) -> InstructionSet:
+    """The instruction set called `name`; ValueError naming the choices or the CPU flags it lacks."""
+    by_name = {isa.name: isa for isa in INSTRUCTION_SETS}
+    if name not in by_name:
+        raise ValueError(f"{ISA_ENVIRONMENT_VARIABLE}={name!r}: expected one of {', '.join(by_name)}")
+    missing = by_name[name].missing_cpu_flags()
+    if missing:
+        raise ValueError(f"{ISA_ENVIRONMENT_VARIABLE}={name!r}: this CPU lacks {', '.join(missing)}")
+    return by_name[name]
+
+
+def runnable_instruction_sets() -> list[InstructionSet]:
+    """The instruction sets this CPU runs, lowest first."""
+    return [isa for isa in INSTRUCTION_SETS if not isa.missing_cpu_flags()]
+
+
+@functools.cache
+def _chosen_instruction_set() -> InstructionSet:
+    name = os.environ.get(ISA_ENVIRONMENT_VARIABLE, "").strip().lower()
+    return instruction_set_named(name) if name else runnable_instruction_sets()[-1]
+
+
+_active: InstructionSet | None = None  # set by use_instruction_set(); else the chosen one
+
+
+def active_instruction_set() -> InstructionSet:
+    """The instruction set whose build the ops run: EMBER_CPU_ISA's, else the best this CPU runs."""
+    return _active or _chosen_instruction_set()
+
+
+def use_instruction_set(isa: InstructionSet | None) -> None:
+    """Run the ops of `isa` from now on in this process (None: back to the chosen one); for tests
+    and benchmarks that compare the paths."""
+    global _active
+    _active = isa
+
+
+def _build_tag(isa: InstructionSet) -> str:
+    # The binary depends on the flags, the Python and torch it is built for, and where the sources
+    # are: two checkouts sharing one name would rebuild over each other's binary at every start.
+    key = f"{isa.compiler_flags}\n{_COMMON_FLAGS}\n{sys.version_info[:2]}\n{torch.__version__}\n{Path(__file__).parent.resolve()}"
     return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
-def build_directory() -> Path:
-    """Where the extension is built and cached: under TORCH_EXTENSIONS_DIR or torch's default root."""
+def build_directory(isa: InstructionSet | None = None) -> Path:
+    """Where an instruction set's extension is built and cached: under TORCH_EXTENSIONS_DIR or
+    torch's default root."""
     from torch.utils import cpp_extension
 
+    isa = isa or active_instruction_set()
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    return Path(root) / f"ember_cpu_ops_{_build_tag()}"
+    return Path(root) / f"ember_cpu_ops_{isa.name}_{_build_tag(isa)}"
 
 
 def _put_venv_ninja_on_path() -> None:
@@ -62,13 +146,13 @@ def _put_venv_ninja_on_path() -> None:
         os.environ["PATH"] = f"{interpreter_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def _build() -> None:
+def _build(isa: InstructionSet) -> None:
     import fcntl
 
     from torch.utils import cpp_extension
 
     _put_venv_ninja_on_path()
-    directory = build_directory()
+    directory = build_directory(isa)
     directory.mkdir(parents=True, exist_ok=True)
     # torch's own build lock is a file, which a build killed midway (a Ctrl-C at the first start)
     # leaves behind, and every later load then waits on it forever. An OS lock dies with its
@@ -79,7 +163,7 @@ def _build() -> None:
         cpp_extension.load(
             name=directory.name,
             sources=[str(source) for source in _SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=[*_COMMON_FLAGS, *isa.compiler_flags, f"-DEMBER_OPS={isa.op_namespace}"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
             is_python_module=False,
@@ -98,30 +182,41 @@ def _fake(
 
 
 @functools.cache
-def _load() -> Exception | None:
+def _load(isa: InstructionSet) -> Exception | None:
     try:
-        _build()
-        torch.library.register_fake("ember::paged_decode_attention")(_fake)
+        _build(isa)
+        torch.library.register_fake(f"{isa.op_namespace}::paged_decode_attention")(_fake)
     except Exception as error:  # noqa: BLE001 - any build or load failure means "use the fallback"
         return error
     return None
 
 
 def is_available() -> bool:
-    """Build the extension on first call; True when the op can be used in this process."""
-    return _load() is None
+    """Build the active instruction set's extension on first call; True when its ops can be used in
+    this process. An EMBER_CPU_ISA this CPU cannot run is a ValueError, not a quiet fallback."""
+    return _load(active_instruction_set()) is None
 
 
 def unavailable_reason() -> str | None:
     """Why the extension could not be built or loaded (None when it is available)."""
-    error = _load()
+    error = _load(active_instruction_set())
     return None if error is None else f"{type(error).__name__}: {error}"
+
+
+def ops() -> torch._ops._OpNamespace:
+    """The ops of the active instruction set (torch.ops.ember_<name>); raises KernelUnavailableError
+    when its extension could not be built."""
+    isa = active_instruction_set()
+    error = _load(isa)
+    if error is not None:
+        raise KernelUnavailableError(f"ember's C++ CPU ops could not be built: {unavailable_reason()}") from error
+    return getattr(torch.ops, isa.op_namespace)
 
 
 def decode_attention_supports(query_dtype: torch.dtype, cache_dtype: torch.dtype) -> bool:
     """Whether `paged_decode_attention` is built for this query / KV cache dtype pair (asks the
     kernel, so the list lives in paged_decode.cpp only); False without the extension."""
-    return is_available() and torch.ops.ember.paged_decode_attention_supports(query_dtype, cache_dtype)
+    return is_available() and ops().paged_decode_attention_supports(query_dtype, cache_dtype)
 
 
 def paged_decode_attention(
@@ -133,9 +228,4 @@ def paged_decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged K/V; returns [batch, num_heads, head_dim]."""
-    error = _load()
-    if error is not None:
-        raise KernelUnavailableError(
-            f"ember's C++ CPU ops could not be built: {unavailable_reason()}"
-        ) from error
-    return torch.ops.ember.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+    return ops().paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)

@@ -57,7 +57,7 @@ void llama_decode_layer_(const at::Tensor& hidden, const at::Tensor& input_norm_
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(ember, m) {
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def(
       "llama_decode_layer_(Tensor(a!) hidden, Tensor input_norm_weight, Tensor post_attention_norm_weight, "
       "float eps, Tensor[] weights, Tensor?[] biases, int[] formats, Tensor cos, Tensor sin, Tensor(b!) key_cache, "
@@ -65,4 +65,4 @@ TORCH_LIBRARY_FRAGMENT(ember, m) {
       "float scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("llama_decode_layer_", &llama_decode_layer_); }
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("llama_decode_layer_", &llama_decode_layer_); }

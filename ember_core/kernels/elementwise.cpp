@@ -15,12 +15,8 @@
 #include "vec8.h"
 
 // torch's rotary (x * cos + rotate_half(x) * sin) rounds each product before the sum; fusing them
-// into FMAs would change the last bit, so this file keeps multiplies and adds apart.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+// into FMAs would change the last bit, so this file writes no multiply_add (the build's
+// -ffp-contract=off keeps the compiler from fusing them either).
 
 namespace {
 
@@ -149,13 +145,13 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 
 }  // namespace ember
 
-TORCH_LIBRARY_FRAGMENT(ember, m) {
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) {
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) {
   m.impl("rms_norm", &ember::rms_norm);
   m.impl("rotary_", &ember::rotary_);
   m.impl("silu_and_mul", &ember::silu_and_mul);

@@ -87,8 +87,8 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
 
 }  // namespace ember
 
-TORCH_LIBRARY_FRAGMENT(ember, m) {
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def("write_kv_cache_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor key, Tensor value) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("write_kv_cache_", &ember::write_kv_cache_); }
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("write_kv_cache_", &ember::write_kv_cache_); }

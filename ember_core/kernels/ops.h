@@ -1,6 +1,12 @@
 // ember's C++ CPU ops as C++ functions, so one op can call another directly (decoder_layer.cpp);
-// each is also registered as torch.ops.ember.<name> by the file that defines it.
+// each is also registered as torch.ops.<EMBER_OPS>.<name> by the file that defines it.
 #pragma once
+
+// The torch op namespace of this build: one per instruction set (cpu_ops.py passes
+// -DEMBER_OPS=ember_<name>), so the builds of several instruction sets load side by side.
+#ifndef EMBER_OPS
+#error "build through ember_core/kernels/cpu_ops.py, which defines EMBER_OPS"
+#endif
 
 #include <ATen/core/Tensor.h>
 

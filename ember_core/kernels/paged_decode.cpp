@@ -103,11 +103,11 @@ inline vfloat chunk_scores(const float* q, const T* const (&keys)[kRows], int64_
   for (; d + kLanes <= head_dim; d += kLanes) {
     const vfloat qv = load(q + d);
 #pragma GCC unroll 8
-    for (int64_t r = 0; r < kRows; ++r) partial[r] += qv * load(keys[r] + d);
+    for (int64_t r = 0; r < kRows; ++r) partial[r] = multiply_add(qv, load(keys[r] + d), partial[r]);
   }
   vfloat scores = transpose_sum(partial);
   for (; d < head_dim; ++d)
-    for (int64_t r = 0; r < kRows; ++r) scores[r] += q[d] * to_float(keys[r][d]);
+    for (int64_t r = 0; r < kRows; ++r) scores[r] = std::fma(q[d], to_float(keys[r][d]), scores[r]);
   return scores;
 }
 
@@ -310,7 +310,7 @@ void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums
     }
     for (; d < head_dim; ++d) {
       float value = 0.0f;
-      for (int64_t i = 0; i < num_spans; ++i) value += head_accs[i * span_stride + d] * factors[i];
+      for (int64_t i = 0; i < num_spans; ++i) value = std::fma(head_accs[i * span_stride + d], factors[i], value);
       out[h * head_dim + d] = static_cast<T>(value);
     }
   }
@@ -457,7 +457,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
 
 }  // namespace ember
 
-TORCH_LIBRARY(ember, m) {
+TORCH_LIBRARY(EMBER_OPS, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
       "Tensor context_lens, float scale) -> Tensor");
@@ -465,4 +465,4 @@ TORCH_LIBRARY(ember, m) {
   m.def("paged_decode_attention_supports(ScalarType query, ScalarType cache) -> bool", &supports);
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("paged_decode_attention", &ember::paged_decode_attention); }
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("paged_decode_attention", &ember::paged_decode_attention); }

@@ -45,6 +45,6 @@ at::Tensor inverse_cdf_draw(const at::Tensor& probs, const at::Tensor& uniforms)
 
 }  // namespace ember
 
-TORCH_LIBRARY_FRAGMENT(ember, m) { m.def("inverse_cdf_draw(Tensor probs, Tensor uniforms) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) { m.def("inverse_cdf_draw(Tensor probs, Tensor uniforms) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("inverse_cdf_draw", &ember::inverse_cdf_draw); }
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("inverse_cdf_draw", &ember::inverse_cdf_draw); }

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -59,7 +60,7 @@ inline void store_output(const Problem& p, float total, int64_t xrow, int64_t ro
 // `tail` of x's row and w_row on), plus the bias.
 inline void store_dot(const Problem& p, vfloat acc, int64_t xrow, int64_t row, const float* w_row, int64_t tail) {
   float total = sum(acc);
-  for (int64_t j = tail; j < p.k; ++j) total += p.x[xrow * p.k + j] * w_row[j];
+  for (int64_t j = tail; j < p.k; ++j) total = std::fma(p.x[xrow * p.k + j], w_row[j], total);
   store_output(p, total, xrow, row);
 }
 
@@ -148,7 +149,7 @@ inline void dot_tile(const Problem& p, const float* w, int64_t xrow, int64_t row
     for (int64_t a = 0; a < XRows; ++a) xv[a] = in_register(load(x + a * k + i));
     for (int64_t r = 0; r < Rows; ++r) {
       const vfloat wv = in_register(load(w + r * k + i));
-      for (int64_t a = 0; a < XRows; ++a) acc[a][r] += xv[a] * wv;
+      for (int64_t a = 0; a < XRows; ++a) acc[a][r] = multiply_add(xv[a], wv, acc[a][r]);
     }
   }
   // Fewer than 4 outputs do not pay for a transpose.
@@ -323,8 +324,7 @@ inline void expand_row(const uint8_t* blocks, int64_t k, float* out) {
 
 // One x row against Rows rows of blocks starting at `row`, each block expanded in registers: no
 // round trip through L1. The sums are dot_tile<1, Rows>'s over the expanded rows, in the same order
-// and with the FMAs GCC forms there, spelled out: left to itself, GCC fused only some of them here
-// once the prefetch was added, and the outputs drifted from the float32 kernel's by an ulp.
+// and with the same FMAs.
 template <int64_t Format, int64_t Rows>
 inline void block_rows_against_one_x_row(const Problem& p, const uint8_t* blocks, int64_t row_bytes, int64_t row) {
   constexpr BlockLayout layout = kBlockLayouts[Format];
@@ -454,13 +454,13 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t format, int64_t in_
 
 }  // namespace ember
 
-TORCH_LIBRARY_FRAGMENT(ember, m) {
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gguf_block_linear(Tensor x, Tensor blocks, Tensor? bias, int format, int in_features) -> Tensor");
   m.def("gguf_dequantize(Tensor blocks, int format, int in_features) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) {
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) {
   m.impl("small_batch_linear", &ember::small_batch_linear);
   m.impl("gguf_block_linear", &ember::gguf_block_linear);
   m.impl("gguf_dequantize", &ember::gguf_dequantize);

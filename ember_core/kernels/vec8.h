@@ -1,11 +1,11 @@
 // Eight floats as one vector (GCC/Clang vector extensions): one AVX2 register, and plain code the
 // compiler splits on narrower machines. Shared by ember's C++ CPU ops. Everything sits in an
-// anonymous namespace: every translation unit keeps its own copy, compiled with its own
-// floating-point flags (elementwise.cpp turns FP contraction off).
+// anonymous namespace: every translation unit keeps its own copy.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #if defined(__FMA__)
 #include <immintrin.h>
@@ -32,9 +32,10 @@ inline vfloat load(const float* p) {
 
 inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof(v)); }
 
-// a * b + c, rounded once wherever the target has FMA. Whether the compiler fuses `acc += a * b`
-// depends on the code around it (GCC's Zen tuning avoids some FMA chains): code that must give the
-// bits of a contracted loop elsewhere says so explicitly.
+// a * b + c, rounded once wherever the target has FMA. The ops are built with -ffp-contract=off
+// (cpu_ops.py): left to the compiler, whether `acc += a * b` is fused depends on the code around it
+// and on the tuning (GCC's Zen 4 tuning avoids some FMA chains), so one path of a kernel would
+// round differently from another. A multiply-add meant as one rounding says so here.
 inline vfloat multiply_add(vfloat a, vfloat b, vfloat c) {
 #if defined(__FMA__)
   return reinterpret_cast<vfloat>(
@@ -60,11 +61,8 @@ inline vfloat exp_nonpositive(vfloat x) {
   const vfloat n = shifted - round_magic;
   const vfloat r = x - n * 0.693359375f + n * 2.12194440e-4f;
   vfloat p = broadcast(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  for (const float coefficient : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = multiply_add(p, r, broadcast(coefficient));
   p = p * r * r + r + 1.0f;
   const vint exponent = (reinterpret_cast<vint>(shifted) - reinterpret_cast<vint>(round_magic) + 127) << 23;
   return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);

@@ -90,7 +90,7 @@ def _decode_attention(
             q, key_cache, value_cache, meta.decode_block_tables, meta.decode_key_mask, scale
         )
     # Reads each sequence's K/V in place through its block table (ember_core/kernels).
-    return torch.ops.ember.paged_decode_attention(
+    return cpu_ops.ops().paged_decode_attention(
         q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
     )
 
@@ -101,7 +101,7 @@ def write_kv_cache_(
     """key / value [num_tokens, num_kv_heads, head_dim] into the cache slots slot_mapping names."""
     # One C++ call instead of two index_copy_; it also rounds float32 rows into a narrower cache.
     if key_cache.is_cpu and cpu_ops.is_available() and key.dtype in (key_cache.dtype, torch.float32):
-        torch.ops.ember.write_kv_cache_(key_cache, value_cache, slot_mapping, key, value)
+        cpu_ops.ops().write_kv_cache_(key_cache, value_cache, slot_mapping, key, value)
         return
     num_kv_heads, head_dim = key_cache.shape[2:]
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))

@@ -6,6 +6,7 @@ import gguf
 import torch
 from torch import nn
 
+from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import GGUF_BLOCK_FORMATS
 
 
@@ -25,8 +26,8 @@ class GGUFBlockEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind.name} blocks"
 
     def dequantized_weight(self) -> torch.Tensor:
-        return torch.ops.ember.gguf_dequantize(self.blocks, self.format, self.embedding_dim)
+        return cpu_ops.ops().gguf_dequantize(self.blocks, self.format, self.embedding_dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.blocks.index_select(0, ids.reshape(-1))
-        return torch.ops.ember.gguf_dequantize(rows, self.format, self.embedding_dim).view(*ids.shape, self.embedding_dim)
+        return cpu_ops.ops().gguf_dequantize(rows, self.format, self.embedding_dim).view(*ids.shape, self.embedding_dim)

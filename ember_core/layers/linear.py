@@ -45,11 +45,11 @@ class SmallBatchLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return torch.ops.ember.small_batch_linear(x.contiguous(), self.weight, self.bias)
+            return cpu_ops.ops().small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
-# The format codes of torch.ops.ember.gguf_block_linear / gguf_dequantize.
+# The format codes of cpu_ops.ops().gguf_block_linear / gguf_dequantize.
 GGUF_BLOCK_FORMATS = {
     gguf.GGMLQuantizationType.Q4_1: 0,
     gguf.GGMLQuantizationType.Q8_0: 1,
@@ -86,11 +86,11 @@ class GGUFBlockLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind.name} blocks"
 
     def dequantized_weight(self) -> torch.Tensor:
-        return torch.ops.ember.gguf_dequantize(self.blocks, self.format, self.in_features)
+        return cpu_ops.ops().gguf_dequantize(self.blocks, self.format, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return torch.ops.ember.gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
+            return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
         # Prefill: expanding the weight once and running torch's GEMM is faster than tiles here.
         return F.linear(x, self.dequantized_weight(), self.bias)
 
@@ -116,12 +116,12 @@ class StackedBlockLinear(nn.Module):
         return F.linear(x, self.dequantized_weight(), self.bias)
 
 
-# torch.ops.ember.llama_decode_layer_'s format code for a float32 [out, in] weight.
+# cpu_ops.ops().llama_decode_layer_'s format code for a float32 [out, in] weight.
 FLOAT32_WEIGHT_FORMAT = -1
 
 
 def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """(weight or blocks, bias, format code) of a linear, as torch.ops.ember.llama_decode_layer_ takes
+    """(weight or blocks, bias, format code) of a linear, as cpu_ops.ops().llama_decode_layer_ takes
     it; None for a StackedBlockLinear, which it does not take."""
     if isinstance(linear, StackedBlockLinear):
         return None

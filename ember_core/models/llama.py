@@ -95,7 +95,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             if x.is_cpu and x.dim() == 2 and cpu_ops.is_available():  # one C++ call; F.rms_norm dispatches ~10 ops
-                return torch.ops.ember.rms_norm(x.contiguous(), self.weight, self.eps)
+                return cpu_ops.ops().rms_norm(x.contiguous(), self.weight, self.eps)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # bit-identical to the lines below
         # Normalise in float32 and cast back before the weight, as transformers does, so fp16/bf16 agree.
         x32 = x.float()
@@ -175,7 +175,7 @@ class LlamaDecoderLayer(nn.Module):
         into hidden in place; for decode steps on CPU, where the modules' eager ops cost ~20% of a step."""
         attention = self.self_attn
         weights, biases, formats = self.linear_operands
-        torch.ops.ember.llama_decode_layer_(
+        cpu_ops.ops().llama_decode_layer_(
             hidden, self.input_layernorm.weight, self.post_attention_layernorm.weight, self.input_layernorm.eps,
             weights, biases, formats, cos, sin, attention.attn.key_cache, attention.attn.value_cache,
             meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, attention.num_heads, attention.attn.scale,

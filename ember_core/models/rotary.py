@@ -88,6 +88,6 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """apply_rope into x itself (a strided view is fine) and return it; one C++ call, with the same
     bits, on float32 CPU tensors, where the torch ops above cost ~10x more at decode sizes."""
     if x.dtype == torch.float32 and x.is_cpu and cpu_ops.is_available():
-        torch.ops.ember.rotary_(x, cos.contiguous(), sin.contiguous())
+        cpu_ops.ops().rotary_(x, cos.contiguous(), sin.contiguous())
         return x
     return x.copy_(apply_rope(x, cos, sin))

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ember_core.config import DecodeAttention
+from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice, decode_key_mask
 from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.linear import use_small_batch_linears
@@ -50,6 +51,11 @@ class ModelRunner:
         # Decided once, so kernels are built or compiled (or found in their caches) at engine start.
         self.decode_attention = choose_decode_attention(decode_attention, attention_layers[0], self.dtype)
         logger.info("decode attention: %s", self.decode_attention)
+        if self.device.type == "cpu" and cpu_ops.is_available():
+            logger.info(
+                "CPU kernels: the %s build (%s=%s to choose another)", cpu_ops.active_instruction_set().name,
+                cpu_ops.ISA_ENVIRONMENT_VARIABLE, "|".join(isa.name for isa in cpu_ops.runnable_instruction_sets()),
+            )
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

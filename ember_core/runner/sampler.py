@@ -44,7 +44,7 @@ def _uniforms(requests: list[SamplingRequest], device: torch.device) -> torch.Te
 def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Index of the first column whose cumulative probability reaches u x the row's total (never a zero)."""
     if probs.device.type == "cpu" and probs.dtype == torch.float32 and cpu_ops.is_available():
-        return torch.ops.ember.inverse_cdf_draw(probs.contiguous(), uniforms)  # the same sums, ~5x faster
+        return cpu_ops.ops().inverse_cdf_draw(probs.contiguous(), uniforms)  # the same sums, ~5x faster
     return _draw_with_torch(probs, uniforms)
 
 
