@@ -18,6 +18,7 @@ from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
+from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
@@ -56,9 +57,10 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        self.loaded = loaded or load_model(config.model, device, dtype, compact_weights=config.gguf_weights == "blocks")
-        model = self.loaded.model
+        self.loaded = loaded or load_model(
+            config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks"
+        )
+        model, dtype = self.loaded.model, self.loaded.dtype
         num_blocks = config.num_blocks
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
         bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, kv_dtype)

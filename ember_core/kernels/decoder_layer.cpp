@@ -1,4 +1,4 @@
-// A whole Llama decoder layer of a decode step as one call (float32, CPU), composed of ember's
+// A whole Llama decoder layer of a decode step as one call (float32 or bfloat16, CPU), composed of ember's
 // other ops in the order models/llama.py calls them, so its outputs are bit-identical to the
 // layer's modules. At batch 1 the layer's ~20 eager ops and module calls cost ~4 ms of a ~20 ms
 // step in Python and dispatch; from here each op is a plain C++ call.
@@ -13,19 +13,20 @@
 
 namespace {
 
-constexpr int64_t kFloat32Weight = -1;  // a linear's format code for a float32 [out, in] weight
+constexpr int64_t kPlainWeight = -1;  // a linear's format code for an [out, in] weight in hidden's dtype
 constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   int64_t format) {
-  if (format == kFloat32Weight) return ember::small_batch_linear(x, weight, bias);
+  if (format == kPlainWeight)
+    return x.scalar_type() == at::kBFloat16 ? ember::bf16_linear(x, weight, bias) : ember::small_batch_linear(x, weight, bias);
   return ember::gguf_block_linear(x, weight, bias, format, x.size(1));
 }
 
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
 //   hidden += o(attention(rotary(qkv(norm1(hidden)))));  hidden += down(silu_and_mul(gate_up(norm2(hidden))))
 // weights / biases / formats: qkv, o, gate_up, down; a format is a GGUF block format code
-// (small_batch_linear.cpp) or -1 for a float32 weight. Each token is its own sequence's decode.
+// (small_batch_linear.cpp; float32 only) or -1 for a weight in hidden's dtype. Each token is its own sequence's decode.
 void llama_decode_layer_(const at::Tensor& hidden, const at::Tensor& input_norm_weight,
                          const at::Tensor& post_attention_norm_weight, double eps, at::TensorList weights,
                          const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,

@@ -1,15 +1,17 @@
-// The per-token ops between a Llama layer's matmuls, as single C++ calls (float32, CPU): eager
+// The per-token ops between a Llama layer's matmuls, as single C++ calls (float32 or bfloat16, CPU): eager
 // torch dispatches several ops for each (F.rms_norm about ten), which at decode batch sizes costs
 // far more than the arithmetic. Rows run in parallel only when there are many (prefill).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "ops.h"
 #include "vec8.h"
@@ -23,7 +25,7 @@ namespace {
 constexpr int64_t kRowsPerTask = 64;
 
 void check_float_cpu(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_cpu(), op, ": ", name, " must be a float32 CPU tensor, got ",
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_cpu(), op, ": ", name, " must be a float32 CPU tensor (or bfloat16, in rows of a multiple of 8 values), got ",
               t.scalar_type(), " on ", t.device());
 }
 
@@ -48,12 +50,78 @@ double sum_of_squares(const float* x, int64_t n) {
   return total;
 }
 
+using c10::BFloat16;
+
+bool is_bf16(const at::Tensor& x) { return x.scalar_type() == at::kBFloat16; }
+
+// The bfloat16 ops: each value widened to float32, computed as the float32 op does, rounded back
+// once. The normalised row is rounded to bfloat16 before the weight, as transformers' Llama does.
+// Dimensions are multiples of 8 (checked by the callers below).
+at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t rows = x.size(0), dim = x.size(1);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const BFloat16* in = x.data_ptr<BFloat16>();
+  const BFloat16* w = weight.data_ptr<BFloat16>();
+  BFloat16* out = y.data_ptr<BFloat16>();
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(dim);
+    std::vector<BFloat16> normalised(kLanes);
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < dim; i += kLanes) store(row.data() + i, load_bf16(in + r * dim + i));
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum_of_squares(row.data(), dim) / dim + eps));
+      for (int64_t i = 0; i < dim; i += kLanes) {
+        store_bf16(normalised.data(), load(row.data() + i) * scale);
+        store_bf16(out + r * dim + i, load_bf16(w + i) * load_bf16(normalised.data()));
+      }
+    }
+  });
+  return y;
+}
+
+void rotary_bf16_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  BFloat16* data = x.data_ptr<BFloat16>();
+  const BFloat16* c = cos.data_ptr<BFloat16>();
+  const BFloat16* s = sin.data_ptr<BFloat16>();
+  at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        BFloat16* v = data + t * x.stride(0) + h * x.stride(1);
+        const BFloat16 *ct = c + t * dim, *st = s + t * dim;
+        for (int64_t i = 0; i < half; i += kLanes) {
+          const vfloat first = load_bf16(v + i), second = load_bf16(v + i + half);
+          store_bf16(v + i, first * load_bf16(ct + i) - second * load_bf16(st + i));
+          store_bf16(v + i + half, second * load_bf16(ct + i + half) + first * load_bf16(st + i + half));
+        }
+      }
+  });
+}
+
+at::Tensor silu_and_mul_bf16(const at::Tensor& gate_up) {
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, n}, gate_up.options());
+  const BFloat16* in = gate_up.data_ptr<BFloat16>();
+  BFloat16* y = out.data_ptr<BFloat16>();
+  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const vfloat g = load_bf16(in + r * 2 * n + i);
+        const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
+        store_bf16(y + r * n + i, g * ((g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e)) * load_bf16(in + r * 2 * n + n + i));
+      }
+  });
+  return out;
+}
+
 }  // namespace
 
 namespace ember {
 
 // y = x / sqrt(mean(x^2) + eps) * weight, row by row; the mean in double.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (is_bf16(x) && is_bf16(weight) && x.dim() == 2 && x.is_contiguous() && weight.is_contiguous() &&
+      weight.size(0) == x.size(1) && x.size(1) % kLanes == 0)
+    return rms_norm_bf16(x, weight, eps);
   check_float_cpu(x, "rms_norm", "x");
   check_float_cpu(weight, "rms_norm", "weight");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.dim() == 1 && weight.size(0) == x.size(1) &&
@@ -78,6 +146,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // (x_i, x_{i+half}) -> (x_i cos_i - x_{i+half} sin_i, x_{i+half} cos_{i+half} + x_i sin_{i+half}).
 // x [tokens, heads, head_dim] may be a strided view (the q/k columns of the fused QKV output).
 void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (is_bf16(x) && is_bf16(cos) && is_bf16(sin) && x.dim() == 3 && x.stride(2) == 1 && x.size(2) % (2 * kLanes) == 0 &&
+      cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == x.size(0) && cos.size(1) == x.size(2) &&
+      cos.is_contiguous() && sin.is_contiguous())
+    return rotary_bf16_(x, cos, sin);
   check_float_cpu(x, "rotary_", "x");
   check_float_cpu(cos, "rotary_", "cos");
   check_float_cpu(sin, "rotary_", "sin");
@@ -116,6 +188,8 @@ void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) 
 // silu(gate) * up for gate_up = [gate | up] along each row (the fused gate/up projection's output).
 // sigmoid(g) from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0, e / (1 + e) below, so nothing overflows.
 at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  if (is_bf16(gate_up) && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % (2 * kLanes) == 0)
+    return silu_and_mul_bf16(gate_up);
   check_float_cpu(gate_up, "silu_and_mul", "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
               "silu_and_mul: gate_up must be a contiguous [rows, 2 * n] tensor, got ", gate_up.sizes());

@@ -15,6 +15,9 @@
 
 namespace ember {
 
+// bf16_linear.cpp
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
 // elementwise.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

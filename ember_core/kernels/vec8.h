@@ -45,6 +45,24 @@ inline vfloat multiply_add(vfloat a, vfloat b, vfloat c) {
 #endif
 }
 
+// Eight bfloat16 values widened to float32 (exact), and eight float32 values rounded to bfloat16
+// to nearest even as c10::BFloat16(float) does (a NaN stays a NaN).
+using vuint = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using vbf16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+
+inline vfloat load_bf16(const void* p) {
+  vbf16 bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return reinterpret_cast<vfloat>(__builtin_convertvector(bits, vuint) << 16);
+}
+
+inline void store_bf16(void* p, vfloat v) {
+  const vuint bits = reinterpret_cast<vuint>(v);
+  const vuint rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const vbf16 out = __builtin_convertvector(v != v ? vuint{} + 0x7FC0u : rounded, vbf16);
+  std::memcpy(p, &out, sizeof(out));
+}
+
 inline float sum(vfloat v) {
   float total = 0.0f;
   for (int64_t i = 0; i < kLanes; ++i) total += v[i];

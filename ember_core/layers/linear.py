@@ -3,8 +3,10 @@
 On CPU, `F.linear` hands every call to BLAS sgemm, which repacks the whole weight matrix each
 time; at decode batch sizes that costs more than the product. `SmallBatchLinear` sends batches of
 up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight once, in place
-(kernels/small_batch_linear.cpp), and larger ones (prefill) to `F.linear`. It is an `nn.Linear`
-holding the same parameters: no copy, a tied head still shares the embedding.
+(kernels/small_batch_linear.cpp; bfloat16 weights: kernels/bf16_linear.cpp), and larger ones
+(prefill) to `F.linear`. It is an `nn.Linear` holding the same parameters: no copy, a tied head
+still shares the embedding. The kernels' rows never depend on each other, which torch's bfloat16
+GEMM does not promise either: its blocking, and so its sums, follow the batch's shape.
 
 `GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS), or the 16-bit
 rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
@@ -35,7 +37,8 @@ def tied_head(embedding: nn.Embedding) -> nn.Linear:
 
 
 class SmallBatchLinear(nn.Linear):
-    """`nn.Linear` (CPU, float32) that runs batches of at most SMALL_BATCH_ROWS rows on ember's kernel."""
+    """`nn.Linear` (CPU, float32 or bfloat16) that runs batches of at most SMALL_BATCH_ROWS rows on
+    ember's kernels."""
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> SmallBatchLinear:
@@ -45,6 +48,8 @@ class SmallBatchLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            if self.weight.dtype == torch.bfloat16:
+                return cpu_ops.ops().bf16_linear(x.contiguous(), self.weight, self.bias)
             return cpu_ops.ops().small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -116,24 +121,26 @@ class StackedBlockLinear(nn.Module):
         return F.linear(x, self.dequantized_weight(), self.bias)
 
 
-# cpu_ops.ops().llama_decode_layer_'s format code for a float32 [out, in] weight.
-FLOAT32_WEIGHT_FORMAT = -1
+# cpu_ops.ops().llama_decode_layer_'s format code for an [out, in] weight in the activations' dtype.
+PLAIN_WEIGHT_FORMAT = -1
 
 
 def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
     """(weight or blocks, bias, format code) of a linear, as cpu_ops.ops().llama_decode_layer_ takes
-    it; None for a StackedBlockLinear, which it does not take."""
+    it; None for a StackedBlockLinear or a bfloat16 weight of rows bf16_linear does not take."""
     if isinstance(linear, StackedBlockLinear):
         return None
     if isinstance(linear, GGUFBlockLinear):
         return linear.blocks, linear.bias, linear.format
-    return linear.weight, linear.bias, FLOAT32_WEIGHT_FORMAT
+    if linear.weight.dtype == torch.bfloat16 and linear.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
+        return None  # bf16_linear takes rows of whole 32-value steps
+    return linear.weight, linear.bias, PLAIN_WEIGHT_FORMAT
 
 
-def runs_on_cpu_kernels(model: nn.Module) -> bool:
-    """Whether a model runs in float32 on the CPU with ember's C++ ops available."""
+def runs_on_cpu_kernels(model: nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
+    """Whether a model runs in one of `dtypes` on the CPU with ember's C++ ops available."""
     param = next(model.parameters())
-    return param.device.type == "cpu" and param.dtype == torch.float32 and cpu_ops.is_available()
+    return param.device.type == "cpu" and param.dtype in dtypes and cpu_ops.is_available()
 
 
 def children_of_type(model: nn.Module, module_type: type[nn.Module]) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -147,11 +154,16 @@ def children_of_type(model: nn.Module, module_type: type[nn.Module]) -> list[tup
 
 
 def use_small_batch_linears(model: nn.Module) -> int:
-    """Swap every `nn.Linear` of a float32 CPU model for a `SmallBatchLinear` when the C++ ops
-    are available; returns how many were swapped."""
-    if not runs_on_cpu_kernels(model):
+    """Swap every `nn.Linear` of a float32 or bfloat16 CPU model for a `SmallBatchLinear` when the
+    C++ ops are available (bfloat16: rows of a multiple of SIXTEEN_BIT_ROW_MULTIPLE values, which
+    bf16_linear takes); returns how many were swapped."""
+    if not runs_on_cpu_kernels(model, (torch.float32, torch.bfloat16)):
         return 0
-    targets = children_of_type(model, nn.Linear)
+    targets = [
+        target
+        for target in children_of_type(model, nn.Linear)
+        if target[2].weight.dtype == torch.float32 or target[2].in_features % SIXTEEN_BIT_ROW_MULTIPLE == 0
+    ]
     for parent, name, child in targets:
         setattr(parent, name, SmallBatchLinear.sharing(child))
     return len(targets)

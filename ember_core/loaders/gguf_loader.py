@@ -14,7 +14,7 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, dequantize, iter_gguf_weights
-from ember_core.loaders.load import materialize
+from ember_core.loaders.load import DtypeChoice, chosen_dtype, materialize
 from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import RopeScaling
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
@@ -106,7 +106,7 @@ def llama_config_from_gguf(reader: gguf.GGUFReader) -> LlamaConfig:
 
 
 def load_gguf(
-    path: Path, device: torch.device, dtype: torch.dtype, keep_blocks: bool = True
+    path: Path, device: torch.device, dtype: DtypeChoice, keep_blocks: bool = True
 ) -> tuple[nn.Module, Tokenizer]:
     """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS weights from their blocks (gguf_blocks.py)."""
     try:
@@ -115,6 +115,7 @@ def load_gguf(
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
     config = llama_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
+    dtype = chosen_dtype(dtype, lambda: Llama(config))
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)
     if keep_blocks and device.type == "cpu" and dtype == torch.float32 and cpu_ops.is_available():
         replaced = keep_gguf_blocks(model, reader.tensors)

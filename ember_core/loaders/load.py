@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ class LoadedModel:
     max_model_len: int
     vocab_size: int
     stop_token_ids: frozenset[int]  # EOS and end-of-turn ids
+    dtype: torch.dtype
 
 
 # What torch's layers call in reset_parameters.
@@ -50,6 +51,18 @@ def _without_weight_init() -> Iterator[None]:
             setattr(nn.init, name, init)
 
 
+DtypeChoice = torch.dtype | Callable[[nn.Module], torch.dtype]
+
+
+def chosen_dtype(dtype: DtypeChoice, build: Any) -> torch.dtype:
+    """`dtype`, or what it picks for the model `build` makes, built without weights (meta device)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    with torch.device("meta"), _without_weight_init():
+        model = build()
+    return dtype(model)
+
+
 def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Build the module without allocating random weights, then fill it from the checkpoint."""
     previous = torch.get_default_dtype()
@@ -64,14 +77,17 @@ def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device:
     return model.eval()
 
 
-def _load_hf(model_dir: Path, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Tokenizer | None]:
+def _load_hf(model_dir: Path, device: torch.device, dtype: DtypeChoice) -> tuple[nn.Module, Tokenizer | None]:
     hf_config = read_hf_config(model_dir)
+    dtype = chosen_dtype(dtype, lambda: model_from_hf_config(hf_config))
     model = materialize(lambda: model_from_hf_config(hf_config), iter_hf_weights(model_dir), device, dtype)
     return model, load_hf_tokenizer(model_dir)
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, compact_weights: bool = True) -> LoadedModel:
-    """`compact_weights`: keep GGUF blocks and 16-bit weights as stored (EngineConfig.gguf_weights == "blocks")."""
+def load_model(name: str, device: torch.device, dtype: DtypeChoice, compact_weights: bool = True) -> LoadedModel:
+    """`dtype`: a dtype, or a function that picks one for the model built without weights
+    (dtype_probe.faster_cpu_dtype). `compact_weights`: keep GGUF blocks and 16-bit weights as stored
+    (EngineConfig.gguf_weights == "blocks")."""
     path = resolve_model(name)
     if path.suffix == ".gguf":
         from ember_core.loaders.gguf_loader import load_gguf
@@ -82,6 +98,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, compact_weig
     if compact_weights and (kept := keep_16_bit_weights(model)):
         logger.info("%d linear and embedding layers run from their 16-bit rows", kept)
     config = model.config
+    dtype = next(param.dtype for param in model.parameters() if param.is_floating_point())
     stop_ids = set(config.eos_token_ids)
     if tokenizer is not None:
         stop_ids |= tokenizer.stop_token_ids
@@ -93,4 +110,5 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, compact_weig
         max_model_len=config.max_position_embeddings,
         vocab_size=config.vocab_size,
         stop_token_ids=frozenset(stop_ids),
+        dtype=dtype,
     )

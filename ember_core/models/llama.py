@@ -93,9 +93,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype in (torch.float32, torch.bfloat16) and x.is_cpu and x.dim() == 2 and cpu_ops.is_available():
+            return cpu_ops.ops().rms_norm(x.contiguous(), self.weight, self.eps)  # one C++ call, not ~10 ops
         if x.dtype == torch.float32:
-            if x.is_cpu and x.dim() == 2 and cpu_ops.is_available():  # one C++ call; F.rms_norm dispatches ~10 ops
-                return cpu_ops.ops().rms_norm(x.contiguous(), self.weight, self.eps)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # bit-identical to the lines below
         # Normalise in float32 and cast back before the weight, as transformers does, so fp16/bf16 agree.
         x32 = x.float()
@@ -146,7 +146,7 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if (
             meta.decodes_only_on_kernel
-            and hidden.dtype == torch.float32
+            and hidden.dtype in (torch.float32, torch.bfloat16)
             and hidden.shape[0] <= SMALL_BATCH_ROWS
             and self.linear_operands is not None
         ):

@@ -86,8 +86,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """apply_rope into x itself (a strided view is fine) and return it; one C++ call, with the same
-    bits, on float32 CPU tensors, where the torch ops above cost ~10x more at decode sizes."""
-    if x.dtype == torch.float32 and x.is_cpu and cpu_ops.is_available():
+    bits, on float32 CPU tensors (bfloat16: rounded once, not after each product), where the torch ops
+    above cost ~10x more at decode sizes."""
+    if x.dtype in (torch.float32, torch.bfloat16) and x.is_cpu and cos.dtype == x.dtype and cpu_ops.is_available():
         cpu_ops.ops().rotary_(x, cos.contiguous(), sin.contiguous())
         return x
     return x.copy_(apply_rope(x, cos, sin))

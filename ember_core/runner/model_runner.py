@@ -102,6 +102,7 @@ class ModelRunner:
             decode_block_mask=block_mask,
             decode_key_mask=key_mask,
             prefills=prefills,
+            short_chunks_on_kernel=self.decode_attention == "kernel",
         )
         return self._tensor(token_ids), self._tensor(positions), meta
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import torch
 
-from ember_core.config import Admission, Batching, EngineConfig, GGUFWeights
-from ember_core.core.engine import Engine
-from ember_core.device import resolve_device, resolve_dtype
-from ember_core.loaders import LoadedModel, load_model
-from ember_core.sampling_params import SamplingParams
-from ember_core.tokenizer import Tokenizer
-
 from ember_bench.stats import Distribution
 from ember_bench.workload import BenchRequest, RandomPrompts, take
+from ember_core.config import Admission, Batching, EngineConfig, GGUFWeights
+from ember_core.core.engine import Engine
+from ember_core.device import resolve_device
+from ember_core.loaders import LoadedModel, load_model
+from ember_core.runner.dtype_probe import dtype_for_model
+from ember_core.sampling_params import SamplingParams
+from ember_core.tokenizer import Tokenizer
 
 COMPARE_AXES: dict[str, tuple[str | bool, str | bool]] = {
     "batching": ("continuous", "static"),
@@ -112,7 +112,7 @@ def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompt
     def loaded(setting: EngineSetting) -> LoadedModel:
         key = (setting.dtype, setting.gguf_weights)
         if key not in loaded_models:
-            dtype = resolve_dtype(setting.dtype, device)
+            dtype = dtype_for_model(setting.dtype, device)
             loaded_models[key] = load_model(config.model, device, dtype, compact_weights=setting.gguf_weights == "blocks")
         return loaded_models[key]
 

@@ -1,0 +1,65 @@
+"""`--dtype auto` on a CPU with native bfloat16 (AVX512-BF16, AMX): bfloat16 only where this
+machine runs the model's own linears faster in it than in float32. Native instructions are not
+enough: the float32 path has ember's tuned kernels, and how much bfloat16 gains depends on the
+CPU (AMX tiles, or only vdpbf16ps) and on the layer shapes. The probe times one decoder layer's
+linears at a decode step's rows in both dtypes, through the paths each would take here, in a few
+milliseconds at start, and logs the figures with the choice."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ember_core.device import cpu_has_fast_bf16, resolve_dtype
+from ember_core.layers.linear import use_small_batch_linears
+
+logger = logging.getLogger(__name__)
+
+DtypeChooser = Callable[[nn.Module], torch.dtype]
+PROBE_ROWS = 16  # a decode step of 16 sequences
+PROBE_REPEATS = 3
+
+
+def dtype_for_model(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype | DtypeChooser:
+    """resolve_dtype's answer, except "auto" on a CPU with native bfloat16: the model's shapes decide
+    (faster_cpu_dtype, called by the loader on the model built without weights)."""
+    if dtype in (None, "auto") and device.type == "cpu" and cpu_has_fast_bf16():
+        return faster_cpu_dtype
+    return resolve_dtype(dtype, device)
+
+
+def _layer_linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """(in_features, out_features) of the linears of the model's first decoder layer."""
+    layer = next(module for module in model.modules() if isinstance(module, nn.ModuleList))[0]
+    return [(linear.in_features, linear.out_features) for linear in layer.modules() if isinstance(linear, nn.Linear)]
+
+
+def _seconds_per_pass(shapes: list[tuple[int, int]], dtype: torch.dtype) -> float:
+    generator = torch.Generator().manual_seed(0)
+    linears = nn.Sequential(*(nn.Linear(n_in, n_out, bias=False, dtype=dtype) for n_in, n_out in shapes))
+    use_small_batch_linears(linears)  # the path a model in this dtype takes here
+    inputs = [torch.randn(PROBE_ROWS, n_in, generator=generator).to(dtype) for n_in, _ in shapes]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(1 + PROBE_REPEATS):  # the first pass warms caches and builds
+            start = time.perf_counter()
+            for linear, x in zip(linears, inputs):
+                linear(x)
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def faster_cpu_dtype(model: nn.Module) -> torch.dtype:
+    """bfloat16 if a decoder layer's linears run faster in it here than in float32, else float32."""
+    shapes = _layer_linear_shapes(model)
+    float32, bfloat16 = _seconds_per_pass(shapes, torch.float32), _seconds_per_pass(shapes, torch.bfloat16)
+    choice = torch.bfloat16 if bfloat16 < float32 else torch.float32
+    logger.info(
+        "dtype auto: %s (a decoder layer's linears at %d rows: float32 %.2f ms, bfloat16 %.2f ms)",
+        str(choice).removeprefix("torch."), PROBE_ROWS, float32 * 1e3, bfloat16 * 1e3,
+    )
+    return choice

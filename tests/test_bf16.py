@@ -1,0 +1,84 @@
+"""bfloat16 on CPU: ember's bf16 linear (AMX tiles, AVX512-BF16, or widened to the float32 kernel,
+by the build), the bf16 elementwise ops and the fused decode layer, each against a float64 reference
+or the modules it replaces; a row's bits never depend on the rest of the batch; and the real model
+gives a request the same greedy tokens alone and among 48 copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember_core import LLM, SamplingParams
+from ember_core.kernels import cpu_ops
+from ember_core.runner.model_runner import ModelRunner
+from tests.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
+from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+
+pytestmark = pytest.mark.usefixtures("kernel")
+BF16_ULP = 2**-8  # bfloat16's relative rounding step
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), [(576, 1536), (64, 40), (1536, 96), (32, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_is_a_rounded_float32_sum_and_rows_do_not_depend_on_each_other(in_features: int, out_features: int, bias: bool) -> None:
+    generator = torch.Generator().manual_seed(in_features + out_features)
+    x = torch.randn(48, in_features, generator=generator).bfloat16()
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+    b = torch.randn(out_features, generator=generator).bfloat16() if bias else None
+    alone = torch.cat([cpu_ops.ops().bf16_linear(x[i : i + 1], weight, b) for i in range(48)])
+    for rows in (0, 2, 3, 4, 5, 16, 17, 33, 48):
+        assert torch.equal(cpu_ops.ops().bf16_linear(x[:rows], weight, b), alone[:rows]), rows
+    exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
+    # one rounding to bfloat16 of a float32 sum: half a bf16 step, plus float32 sums of up to 1536 products
+    torch.testing.assert_close(alone.double(), exact, rtol=BF16_ULP, atol=1e-3 * exact.abs().max().item())
+
+
+def test_linear_rejects_what_it_cannot_compute() -> None:
+    x, weight = torch.ones(2, 64).bfloat16(), torch.ones(8, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="weight must be a contiguous bfloat16 CPU tensor"):
+        cpu_ops.ops().bf16_linear(x, weight.float(), None)
+    with pytest.raises(RuntimeError, match="x must be a contiguous bfloat16 CPU tensor \\[m, 64\\]"):
+        cpu_ops.ops().bf16_linear(x.float(), weight, None)
+    with pytest.raises(RuntimeError, match="in_features must be a positive multiple of 32, got 48"):
+        cpu_ops.ops().bf16_linear(torch.ones(2, 48).bfloat16(), torch.ones(8, 48).bfloat16(), None)
+    with pytest.raises(RuntimeError, match="bias must be a contiguous bfloat16 CPU tensor of 8 values"):
+        cpu_ops.ops().bf16_linear(x, weight, torch.ones(8))
+
+
+def test_elementwise_ops_round_once_from_float32() -> None:
+    generator = torch.Generator().manual_seed(3)
+    x = (torch.randn(5, 576, generator=generator) * 3).bfloat16()
+    weight = (torch.rand(576, generator=generator) + 0.5).bfloat16()
+    normalised = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    expected = (weight.double() * normalised.double()).bfloat16()
+    assert (cpu_ops.ops().rms_norm(x, weight, 1e-5).double() - expected.double()).abs().max() <= BF16_ULP * 8
+
+    gate_up = torch.randn(5, 2 * 96, generator=generator).bfloat16()
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_ops.ops().silu_and_mul(gate_up).double(), F.silu(gate) * up, rtol=BF16_ULP, atol=1e-6)
+
+    heads = torch.randn(5, 3, 64, generator=generator).bfloat16()
+    cos, sin = torch.randn(5, 64, generator=generator).bfloat16(), torch.randn(5, 64, generator=generator).bfloat16()
+    rotated = torch.cat((-heads[..., 32:], heads[..., :32]), dim=-1).double()
+    expected = heads.double() * cos[:, None].double() + rotated * sin[:, None].double()
+    cpu_ops.ops().rotary_(heads, cos, sin)
+    torch.testing.assert_close(heads.double(), expected, rtol=BF16_ULP, atol=1e-6)
+
+
+@torch.inference_mode()
+def test_fused_decode_layer_gives_the_modules_bits() -> None:
+    model = _tiny_llama().to(torch.bfloat16)
+    model.inv_freq = model.inv_freq.float()
+    _assert_fused_layers_match_modules(ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE))
+
+
+def test_a_request_gets_the_same_greedy_tokens_alone_and_among_48(smollm2_gguf_path) -> None:
+    """The issue's case: alone, "The three primary colors are" once continued otherwise than as one
+    of 48 copies in a batch. Steps within the kernels' rows (--max-num-batched-tokens 128) keep
+    every row's bits; bigger prefill steps go to torch's GEMM, as in float32."""
+    llm = LLM(str(smollm2_gguf_path), dtype="bfloat16", max_num_batched_tokens=128, num_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = "The three primary colors are"
+    alone = llm.generate([prompt], params)[0].token_ids
+    assert [out.token_ids for out in llm.generate([prompt] * 48, params)] == [alone] * 48
