@@ -1,22 +1,30 @@
-"""bfloat16 on CPU: ember's bf16 linear (AMX tiles, AVX512-BF16, or widened to the float32 kernel,
-by the build), the bf16 elementwise ops and the fused decode layer, each against a float64 reference
-or the modules it replaces; a row's bits never depend on the rest of the batch; and the real model
-gives a request the same greedy tokens alone and among 48 copies."""
+"""bfloat16 on CPU: ember's bf16 linear (AMX tiles, AVX512-BF16, or the float32 kernel, by the
+build) over bf16 weights and GGUF blocks, the bf16 elementwise ops and the fused decode layer, each
+against a float64 reference or the modules it replaces; a row's bits never depend on the rest of
+the batch; and the real model gives a request the same tokens and logprobs alone and among 48."""
 
 from __future__ import annotations
 
+import gguf
 import pytest
 import torch
 import torch.nn.functional as F
 
 from ember_core import LLM, SamplingParams
 from ember_core.kernels import cpu_ops
+from ember_core.layers.linear import BF16_ROWS_FORMAT, GGUF_BLOCK_FORMATS
 from ember_core.runner.model_runner import ModelRunner
 from tests.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
 from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+from tests.test_linear import _blocks
 
 pytestmark = pytest.mark.usefixtures("kernel")
 BF16_ULP = 2**-8  # bfloat16's relative rounding step
+Q = gguf.GGMLQuantizationType
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return cpu_ops.ops().bf16_linear(x, weight.view(torch.uint8), bias, BF16_ROWS_FORMAT, weight.shape[1])
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), [(576, 1536), (64, 40), (1536, 96), (32, 1)])
@@ -26,24 +34,40 @@ def test_linear_is_a_rounded_float32_sum_and_rows_do_not_depend_on_each_other(in
     x = torch.randn(48, in_features, generator=generator).bfloat16()
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
     b = torch.randn(out_features, generator=generator).bfloat16() if bias else None
-    alone = torch.cat([cpu_ops.ops().bf16_linear(x[i : i + 1], weight, b) for i in range(48)])
+    alone = torch.cat([bf16_linear(x[i : i + 1], weight, b) for i in range(48)])
     for rows in (0, 2, 3, 4, 5, 16, 17, 33, 48):
-        assert torch.equal(cpu_ops.ops().bf16_linear(x[:rows], weight, b), alone[:rows]), rows
+        assert torch.equal(bf16_linear(x[:rows], weight, b), alone[:rows]), rows
     exact = F.linear(x.double(), weight.double(), None if b is None else b.double())
     # one rounding to bfloat16 of a float32 sum: half a bf16 step, plus float32 sums of up to 1536 products
     torch.testing.assert_close(alone.double(), exact, rtol=BF16_ULP, atol=1e-3 * exact.abs().max().item())
 
 
+@pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda kind: kind.name)
+def test_blocks_give_the_bits_of_their_values_rounded_to_bf16(kind: gguf.GGMLQuantizationType) -> None:
+    """What a bfloat16 model dequantized from the file computes, with native bf16; other builds
+    multiply the blocks' float32 values, which are closer still to the float64 product."""
+    blocks, values = _blocks(kind, 200, 512 // gguf.GGML_QUANT_SIZES[kind][0], seed=7)
+    x = torch.randn(20, 512, generator=torch.Generator().manual_seed(7)).bfloat16()
+    actual = cpu_ops.ops().bf16_linear(x, blocks, None, GGUF_BLOCK_FORMATS[kind], 512)
+    if "avx512_bf16" in cpu_ops.active_instruction_set().cpu_flags:
+        assert torch.equal(actual, bf16_linear(x, values.bfloat16(), None))
+    else:
+        exact = F.linear(x.double(), values.double())
+        torch.testing.assert_close(actual.double(), exact, rtol=BF16_ULP, atol=1e-3 * exact.abs().max().item())
+    alone = torch.cat([cpu_ops.ops().bf16_linear(x[i : i + 1], blocks, None, GGUF_BLOCK_FORMATS[kind], 512) for i in range(20)])
+    assert torch.equal(actual, alone)
+
+
 def test_linear_rejects_what_it_cannot_compute() -> None:
     x, weight = torch.ones(2, 64).bfloat16(), torch.ones(8, 64).bfloat16()
-    with pytest.raises(RuntimeError, match="weight must be a contiguous bfloat16 CPU tensor"):
-        cpu_ops.ops().bf16_linear(x, weight.float(), None)
+    with pytest.raises(RuntimeError, match="blocks must be a contiguous uint8 CPU tensor \\[out_features, 128\\]"):
+        cpu_ops.ops().bf16_linear(x, weight, None, BF16_ROWS_FORMAT, 64)
     with pytest.raises(RuntimeError, match="x must be a contiguous bfloat16 CPU tensor \\[m, 64\\]"):
-        cpu_ops.ops().bf16_linear(x.float(), weight, None)
+        bf16_linear(x.float(), weight, None)
     with pytest.raises(RuntimeError, match="in_features must be a positive multiple of 32, got 48"):
-        cpu_ops.ops().bf16_linear(torch.ones(2, 48).bfloat16(), torch.ones(8, 48).bfloat16(), None)
+        bf16_linear(torch.ones(2, 48).bfloat16(), torch.ones(8, 48).bfloat16(), None)
     with pytest.raises(RuntimeError, match="bias must be a contiguous bfloat16 CPU tensor of 8 values"):
-        cpu_ops.ops().bf16_linear(x, weight, torch.ones(8))
+        bf16_linear(x, weight, torch.ones(8))
 
 
 def test_elementwise_ops_round_once_from_float32() -> None:
@@ -75,10 +99,22 @@ def test_fused_decode_layer_gives_the_modules_bits() -> None:
 
 def test_a_request_gets_the_same_greedy_tokens_alone_and_among_48(smollm2_gguf_path) -> None:
     """The issue's case: alone, "The three primary colors are" once continued otherwise than as one
-    of 48 copies in a batch. Steps within the kernels' rows (--max-num-batched-tokens 128) keep
-    every row's bits; bigger prefill steps go to torch's GEMM, as in float32."""
-    llm = LLM(str(smollm2_gguf_path), dtype="bfloat16", max_num_batched_tokens=128, num_blocks=256)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    of 48 copies in a batch (torch's bf16 GEMM sums a 336-row step in another order). With the
+    default token budget the 48 prompts share one step."""
+    llm = LLM(str(smollm2_gguf_path), dtype="bfloat16", num_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
     prompt = "The three primary colors are"
-    alone = llm.generate([prompt], params)[0].token_ids
-    assert [out.token_ids for out in llm.generate([prompt] * 48, params)] == [alone] * 48
+    alone = llm.generate([prompt], params)[0]
+    together = llm.generate([prompt] * 48, params)
+    assert [(out.token_ids, out.logprobs) for out in together] == [(alone.token_ids, alone.logprobs)] * 48
+
+
+def test_a_split_prompt_gets_the_bits_of_a_whole_one(smollm2_gguf_path) -> None:
+    """A step budget of 128 splits some of 48 prompts across steps; their chunks attend token by
+    token, so nothing changes."""
+    llm = LLM(str(smollm2_gguf_path), dtype="bfloat16", num_blocks=256, max_num_batched_tokens=128)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    prompts = [f"Story {i}: once upon a time" for i in range(48)]
+    alone = [llm.generate([prompt], params)[0] for prompt in prompts[:3]]
+    together = llm.generate(prompts, params)[:3]
+    assert [(o.token_ids, o.logprobs) for o in together] == [(o.token_ids, o.logprobs) for o in alone]

@@ -1,11 +1,14 @@
 // y = x W^T + b in bfloat16 for the few rows of a decode step (CPU). Each output is a float32 sum
 // over k whose order depends on k only, rounded to bfloat16 once with the bias: a row's bits never
 // depend on the other rows of the batch (torch's bf16 GEMM picks its blocking, and so its sums, by
-// the batch's shape). The weight is read in place.
+// the batch's shape). W is a bfloat16 weight, read in place (format BF16: its rows viewed as bytes),
+// or a GGUF file's blocks, which a tile at a time expand to float32 (gguf_blocks.h) and round to
+// bfloat16: the values a bfloat16 model dequantized from the file holds, for a fraction of the
+// bytes a step streams from memory (Q4_1: 0.6 byte a weight against 2).
 //
 // Three paths, by what the build's instruction set has: AMX tiles (tdpbf16ps, 8192 multiply-adds
 // an instruction), AVX512-BF16 (vdpbf16ps, 32 an instruction, float32 FMA's 16), and elsewhere
-// the float32 kernel over the weight's rows widened to float32.
+// the float32 kernel over the weight's float32 values, rounded to bfloat16 at the end.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
@@ -30,20 +33,22 @@ namespace {
 
 constexpr int64_t kValuesPerStep = 32;  // bfloat16 values of one 512-bit register
 
-void check_inputs(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.is_cpu() && weight.is_contiguous(),
-              "bf16_linear: weight must be a contiguous bfloat16 CPU tensor [n, k], got ", weight.scalar_type(), " ",
-              weight.sizes());
-  const int64_t k = weight.size(1);
+void check_inputs(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias, int64_t format,
+                  int64_t k) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k && x.scalar_type() == at::kBFloat16 && x.is_cpu() && x.is_contiguous(),
               "bf16_linear: x must be a contiguous bfloat16 CPU tensor [m, ", k, "], got ", x.scalar_type(), " ",
               x.sizes());
   TORCH_CHECK(k > 0 && k % kValuesPerStep == 0, "bf16_linear: in_features must be a positive multiple of ",
               kValuesPerStep, ", got ", k);
+  const BlockLayout layout = block_layout(format);
+  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte && blocks.is_cpu() && blocks.is_contiguous() &&
+                  blocks.size(1) == k / layout.values * layout.bytes,
+              "bf16_linear: blocks must be a contiguous uint8 CPU tensor [out_features, ",
+              k / layout.values * layout.bytes, "], got ", blocks.scalar_type(), " ", blocks.sizes());
   if (bias.has_value() && bias->defined())
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kBFloat16 &&
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == blocks.size(0) && bias->scalar_type() == at::kBFloat16 &&
                     bias->is_cpu() && bias->is_contiguous(),
-                "bf16_linear: bias must be a contiguous bfloat16 CPU tensor of ", weight.size(0), " values");
+                "bf16_linear: bias must be a contiguous bfloat16 CPU tensor of ", blocks.size(0), " values");
 }
 
 #if defined(__AVX512BF16__)
@@ -123,16 +128,75 @@ inline void tile_against_x(const Problem& p, const uint16_t* w, int64_t w_stride
   }
 }
 
-template <int64_t Rows>
-void dpbf16_linear(const Problem& p, const uint16_t* w) {
-  const int64_t k = p.k, full_tiles = p.n / Rows;
-  parallel_over_tiles(full_tiles, [] { return 0; }, [&](int /* no state */, int64_t begin, int64_t end) {
+struct Weight {
+  const uint8_t* blocks;  // [n, row_bytes]
+  int64_t n, row_bytes;
+};
+
+inline void store_bf16(uint16_t* out, __m512 low, __m512 high) {
+  _mm512_storeu_si512(out, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+}
+
+// Values [32 step, 32 step + 32) of a weight row as bfloat16, from the row's blocks: to float32
+// (16 wide where the format allows), then rounded to nearest even, as torch's .to(torch.bfloat16).
+template <int64_t Format>
+inline void expand_step_to_bf16(const uint8_t* row_blocks, int64_t step, uint16_t* out) {
+  constexpr BlockLayout layout = kBlockLayouts[Format];
+  constexpr int64_t steps_per_block = layout.values / kValuesPerStep;
+  const uint8_t* block = row_blocks + step / steps_per_block * layout.bytes;
+  if constexpr (kExpandsSixteenWide<Format>) {
+    const SixteenWide values = block_sixteen_wide<Format>(block);
+    store_bf16(out, values.low, values.high);
+  } else {
+    vfloat values[kSubBlockVectors];
+    expand_sub_block<Format>(block, step % steps_per_block, values);
+    const auto sixteen = [&](int64_t j) {
+      return _mm512_insertf32x8(_mm512_castps256_ps512(reinterpret_cast<__m256>(values[j])),
+                                reinterpret_cast<__m256>(values[j + 1]), 1);
+    };
+    store_bf16(out, sixteen(0), sixteen(2));
+  }
+}
+
+template <int64_t Format>
+inline void expand_row_to_bf16(const uint8_t* row_blocks, int64_t k, uint16_t* out) {
+  for (int64_t step = 0; step < k / kValuesPerStep; ++step) expand_step_to_bf16<Format>(row_blocks, step, out + step * kValuesPerStep);
+}
+
+// Weight rows [row, row + count) as bfloat16, k values apart: in place for BF16 rows, else
+// expanded into `buffer`; rows past the weight's end are zeros.
+template <int64_t Format>
+const uint16_t* bf16_rows(const Weight& w, int64_t k, int64_t row, int64_t count, std::vector<uint16_t>& buffer) {
+  if (Format == kBF16 && row + count <= w.n) return reinterpret_cast<const uint16_t*>(w.blocks + row * w.row_bytes);
+  buffer.resize(count * k);
+  for (int64_t r = 0; r < count; ++r) {
+    uint16_t* out = buffer.data() + r * k;
+    if (row + r >= w.n)
+      std::fill(out, out + k, 0);
+    else if constexpr (Format == kBF16)
+      std::memcpy(out, w.blocks + (row + r) * w.row_bytes, k * sizeof(uint16_t));
+    else
+      expand_row_to_bf16<Format>(w.blocks + (row + r) * w.row_bytes, k, out);
+  }
+  return buffer.data();
+}
+
+template <int64_t Format, int64_t Rows>
+void dpbf16_linear(const Problem& p, const Weight& w) {
+  const int64_t k = p.k, tiles = (p.n + Rows - 1) / Rows;
+  const auto buffer = [] { return std::vector<uint16_t>(); };
+  parallel_over_tiles(tiles, buffer, [&](std::vector<uint16_t>& rows, int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
-      const uint16_t* next = tile + 1 < full_tiles ? w + (tile + 1) * Rows * k : nullptr;
-      tile_against_x<Rows>(p, w + tile * Rows * k, k, tile * Rows, next);
+      const int64_t row = tile * Rows;
+      if (row + Rows > p.n) {  // the last rows, one at a time
+        for (int64_t r = row; r < p.n; ++r) tile_against_x<1>(p, bf16_rows<Format>(w, k, r, 1, rows), k, r, nullptr);
+        continue;
+      }
+      const bool in_place = Format == kBF16 && row + 2 * Rows <= p.n;
+      const uint16_t* next = in_place ? reinterpret_cast<const uint16_t*>(w.blocks + (row + Rows) * w.row_bytes) : nullptr;
+      tile_against_x<Rows>(p, bf16_rows<Format>(w, k, row, Rows, rows), k, row, next);
     }
   });
-  for (int64_t row = full_tiles * Rows; row < p.n; ++row) tile_against_x<1>(p, w + row * k, k, row, nullptr);
 }
 
 #if defined(__AMX_BF16__)
@@ -160,7 +224,7 @@ struct alignas(64) TileConfig {
 // A thread's tiles: 0-3 accumulate, 4 holds x, 5 and 6 weights, all 16 rows of 64 bytes; released
 // when the thread's share of the work ends.
 struct AmxTiles {
-  std::vector<uint16_t> rows;  // a last task's weight rows, padded to a whole task
+  std::vector<uint16_t> rows;  // a task's weight rows expanded from blocks, or a last task's padded
   AmxTiles() {
     TileConfig config;
     for (int t = 0; t < 7; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kAmxRows;
@@ -170,21 +234,29 @@ struct AmxTiles {
 };
 
 // x's rows, 16 at a time, as tdpbf16ps's second operand: [groups, k / 32 steps, 16 pairs, 16 rows]
-// of value pairs, each step's 16 x 16 pairs the transpose of x's.
+// of value pairs, each step's 16 x 16 pairs the transpose of x's: one gather per pair and group,
+// rows past m left zero.
 std::vector<uint32_t> pack_x(const Problem& p) {
-  const int64_t groups = (p.m + kAmxRows - 1) / kAmxRows, steps = p.k / kValuesPerStep, pairs = p.k / 2;
-  std::vector<uint32_t> packed(groups * steps * kAmxBytes / 4, 0);
-  const auto* x = reinterpret_cast<const uint32_t*>(p.x);
-  for (int64_t row = 0; row < p.m; ++row) {
-    uint32_t* out = packed.data() + (row / kAmxRows) * steps * kAmxBytes / 4 + row % kAmxRows;
-    for (int64_t pair = 0; pair < pairs; ++pair) out[pair * kAmxRows] = x[row * pairs + pair];
+  const int64_t groups = (p.m + kAmxRows - 1) / kAmxRows, pairs = p.k / 2;
+  std::vector<uint32_t> packed(groups * pairs * kAmxRows, 0);
+  const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                 _mm512_set1_epi32(static_cast<int>(pairs)));
+  for (int64_t group = 0; group < groups; ++group) {
+    const __mmask16 rows = static_cast<__mmask16>((1u << std::min(kAmxRows, p.m - group * kAmxRows)) - 1);
+    const auto* x = reinterpret_cast<const int*>(p.x) + group * kAmxRows * pairs;
+    uint32_t* out = packed.data() + group * pairs * kAmxRows;
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      _mm512_storeu_si512(out + pair * kAmxRows,
+                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, row_offsets, x + pair, 4));
   }
   return packed;
 }
 
-// Weight rows [row, row + 64) at w (stride values apart) against every x group.
-void amx_task(const Problem& p, const uint16_t* w, int64_t stride, const uint32_t* packed_x, int64_t row) {
-  const int64_t steps = p.k / kValuesPerStep, bytes = stride * 2;
+// Weight rows [row, row + 64) against every x group; tile_rows(step) gives the step's 64 rows x 32
+// values as (first row, bytes between rows).
+template <typename TileRows>
+void amx_task(const Problem& p, const uint32_t* packed_x, int64_t row, TileRows&& tile_rows) {
+  const int64_t steps = p.k / kValuesPerStep;
   alignas(64) float sums[4][kAmxRows][kAmxRows];
   for (int64_t group = 0; group * kAmxRows < p.m; ++group) {
     _tile_zero(0);
@@ -193,44 +265,69 @@ void amx_task(const Problem& p, const uint16_t* w, int64_t stride, const uint32_
     _tile_zero(3);
     const uint32_t* x = packed_x + group * steps * kAmxBytes / 4;
     for (int64_t step = 0; step < steps; ++step) {
-      const uint16_t* a = w + step * kValuesPerStep;
+      const auto [a, bytes] = tile_rows(step);
+      const int64_t tile_bytes = kAmxRows * bytes;
       _tile_loadd(4, x + step * kAmxBytes / 4, 64);
       _tile_loadd(5, a, bytes);
       _tile_dpbf16ps(0, 5, 4);
-      _tile_loadd(6, a + kAmxRows * stride, bytes);
+      _tile_loadd(6, a + tile_bytes, bytes);
       _tile_dpbf16ps(1, 6, 4);
-      _tile_loadd(5, a + 2 * kAmxRows * stride, bytes);
+      _tile_loadd(5, a + 2 * tile_bytes, bytes);
       _tile_dpbf16ps(2, 5, 4);
-      _tile_loadd(6, a + 3 * kAmxRows * stride, bytes);
+      _tile_loadd(6, a + 3 * tile_bytes, bytes);
       _tile_dpbf16ps(3, 6, 4);
     }
     _tile_stored(0, sums[0], 64);
     _tile_stored(1, sums[1], 64);
     _tile_stored(2, sums[2], 64);
     _tile_stored(3, sums[3], 64);
-    const int64_t xrows = std::min(kAmxRows, p.m - group * kAmxRows), wrows = std::min(kAmxTaskRows, p.n - row);
-    for (int64_t j = 0; j < xrows; ++j)
-      for (int64_t r = 0; r < wrows; ++r) {
-        float total = sums[r / kAmxRows][r % kAmxRows][j];
-        if (p.bias != nullptr) total += static_cast<float>(p.bias[row + r]);
-        p.y[(group * kAmxRows + j) * p.n + row + r] = c10::BFloat16(total);
+    // y[x row][weight row] from sums[tile][weight row][x row]: a column of 16 per gather.
+    const int64_t xrows = std::min(kAmxRows, p.m - group * kAmxRows);
+    const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(kAmxRows));
+    for (int64_t t = 0; t < 4 && row + t * kAmxRows < p.n; ++t) {
+      const int64_t first = row + t * kAmxRows, count = std::min(kAmxRows, p.n - first);
+      const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+      __m512 bias = _mm512_setzero_ps();
+      if (p.bias != nullptr)
+        bias = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, reinterpret_cast<const uint16_t*>(p.bias + first))), 16));
+      for (int64_t j = 0; j < xrows; ++j) {
+        const __m512 total = _mm512_add_ps(_mm512_i32gather_ps(column, &sums[t][0][j], 4), bias);
+        _mm256_mask_storeu_epi16(p.y + (group * kAmxRows + j) * p.n + first, valid, (__m256i)_mm512_cvtneps_pbh(total));
       }
+    }
   }
 }
 
-void amx_linear(const Problem& p, const uint16_t* w) {
+// Blocks a few steps ahead of the one expanding: 64 rows are too many streams for the hardware
+// prefetchers to follow.
+constexpr int64_t kPrefetchSteps = 4;
+
+template <int64_t Format>
+void amx_linear(const Problem& p, const Weight& w) {
   const std::vector<uint32_t> packed_x = pack_x(p);
-  const int64_t k = p.k, tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows;
+  const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows, steps = p.k / kValuesPerStep;
+  constexpr BlockLayout layout = kBlockLayouts[Format];
   parallel_over_tiles(tasks, [] { return AmxTiles(); }, [&](AmxTiles& tiles, int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t row = task * kAmxTaskRows, rows = std::min(kAmxTaskRows, p.n - row);
-      if (rows == kAmxTaskRows) {
-        amx_task(p, w + row * k, k, packed_x.data(), row);
+      if (Format == kBF16 || p.m > kAmxRows) {  // rows in place or expanded whole: several x groups reuse them
+        const auto* first = reinterpret_cast<const char*>(bf16_rows<Format>(w, p.k, row, kAmxTaskRows, tiles.rows));
+        amx_task(p, packed_x.data(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
         continue;
       }
-      tiles.rows.assign(kAmxTaskRows * k, 0);  // the last task's rows, padded with zero rows
-      std::memcpy(tiles.rows.data(), w + row * k, rows * k * sizeof(uint16_t));
-      amx_task(p, tiles.rows.data(), k, packed_x.data(), row);
+      // One x group: each step's 64 x 32 values are expanded into L1 just before their tiles load.
+      alignas(64) uint16_t step_rows[kAmxTaskRows * kValuesPerStep] = {};
+      amx_task(p, packed_x.data(), row, [&](int64_t step) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* row_blocks = w.blocks + (row + r) * w.row_bytes;
+          if (step + kPrefetchSteps < steps)
+            __builtin_prefetch(row_blocks + (step + kPrefetchSteps) * kValuesPerStep * layout.bytes / layout.values);
+          expand_step_to_bf16<Format>(row_blocks, step, step_rows + r * kValuesPerStep);
+        }
+        return std::pair(reinterpret_cast<const char*>(step_rows), int64_t{64});
+      });
     }
   });
 }
@@ -241,40 +338,36 @@ void amx_linear(const Problem& p, const uint16_t* w) {
 
 namespace ember {
 
-at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_inputs(x, weight, bias);
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
+                       int64_t format, int64_t in_features) {
+  check_inputs(x, blocks, bias, format, in_features);
 #if defined(__AVX512BF16__)
-  const int64_t m = x.size(0), n = weight.size(0);
+  const int64_t m = x.size(0), n = blocks.size(0);
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   const Problem p{reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()),
                   bias.has_value() && bias->defined() ? bias->data_ptr<c10::BFloat16>() : nullptr,
-                  y.data_ptr<c10::BFloat16>(), m, n, weight.size(1)};
-  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>());
+                  y.data_ptr<c10::BFloat16>(), m, n, in_features};
+  const Weight w{blocks.data_ptr<uint8_t>(), n, blocks.size(1)};
+  with_block_format(format, [&](auto f) {
 #if defined(__AMX_BF16__)
-  if (amx_permitted()) {
-    amx_linear(p, w);
-    return y;
-  }
+    if (amx_permitted()) return amx_linear<f()>(p, w);
 #endif
-  if (m == 1)
-    dpbf16_linear<kOneRowTileRows>(p, w);
-  else
-    dpbf16_linear<kTileRows>(p, w);
+    if (m == 1) return dpbf16_linear<f(), kOneRowTileRows>(p, w);
+    dpbf16_linear<f(), kTileRows>(p, w);
+  });
   return y;
 #else
-  // The weight's rows are GGUF BF16 rows to the float32 kernel, which widens them tile by tile.
   std::optional<at::Tensor> float_bias;
   if (bias.has_value() && bias->defined()) float_bias = bias->to(at::kFloat);
-  return gguf_block_linear(x.to(at::kFloat), weight.view(at::kByte), float_bias, kBF16, weight.size(1))
-      .to(at::kBFloat16);
+  return gguf_block_linear(x.to(at::kFloat), blocks, float_bias, format, in_features).to(at::kBFloat16);
 #endif
 }
 
 }  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
-  m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_linear(Tensor x, Tensor blocks, Tensor? bias, int format, int in_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("bf16_linear", &ember::bf16_linear); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "gguf_blocks.h"
 #include "ops.h"
 
 namespace {
@@ -18,15 +19,17 @@ constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   int64_t format) {
-  if (format == kPlainWeight)
-    return x.scalar_type() == at::kBFloat16 ? ember::bf16_linear(x, weight, bias) : ember::small_batch_linear(x, weight, bias);
+  if (x.scalar_type() == at::kBFloat16)
+    return format == kPlainWeight ? ember::bf16_linear(x, weight.view(at::kByte), bias, kBF16, x.size(1))
+                                  : ember::bf16_linear(x, weight, bias, format, x.size(1));
+  if (format == kPlainWeight) return ember::small_batch_linear(x, weight, bias);
   return ember::gguf_block_linear(x, weight, bias, format, x.size(1));
 }
 
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
 //   hidden += o(attention(rotary(qkv(norm1(hidden)))));  hidden += down(silu_and_mul(gate_up(norm2(hidden))))
 // weights / biases / formats: qkv, o, gate_up, down; a format is a GGUF block format code
-// (small_batch_linear.cpp; float32 only) or -1 for a weight in hidden's dtype. Each token is its own sequence's decode.
+// (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token is its own sequence's decode.
 void llama_decode_layer_(const at::Tensor& hidden, const at::Tensor& input_norm_weight,
                          const at::Tensor& post_attention_norm_weight, double eps, at::TensorList weights,
                          const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,

@@ -294,22 +294,35 @@ inline void expand_sub_block(const uint8_t* block, int64_t sub, vfloat (&values)
 template <int64_t Format>
 constexpr bool kExpandsSixteenWide = Format == kQ4_1 || Format == kQ8_0;
 
+// A block's 32 values as two 16-float vectors.
+struct SixteenWide {
+  __m512 low, high;  // values 0-15, 16-31
+};
+
 template <int64_t Format>
-inline void expand_block_sixteen_wide(const uint8_t* block, float* out) {
+inline SixteenWide block_sixteen_wide(const uint8_t* block) {
   static_assert(kExpandsSixteenWide<Format>);
   if constexpr (Format == kQ4_1) {
     const __m512 pairs = _mm512_cvtph_ps(_mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(block))));
     const __m512 d = _mm512_permute_ps(pairs, 0x00), m = _mm512_permute_ps(pairs, 0x55);
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4)));
-    _mm512_storeu_ps(out, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), m));
-    _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), m));
+    return {_mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(0x0F))), m),
+            _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4)), m)};
   } else {
     const __m512 d = _mm512_set1_ps(half_at(block));
-    for (int64_t half = 0; half < 2; ++half) {
-      const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + 16 * half)));
-      _mm512_storeu_ps(out + 16 * half, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-    }
+    const auto half = [&](int64_t h) -> __m512 {
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + 16 * h));
+      return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+    };
+    return {half(0), half(1)};
   }
+}
+
+template <int64_t Format>
+inline void expand_block_sixteen_wide(const uint8_t* block, float* out) {
+  const SixteenWide values = block_sixteen_wide<Format>(block);
+  _mm512_storeu_ps(out, values.low);
+  _mm512_storeu_ps(out + 16, values.high);
 }
 #endif
 #else

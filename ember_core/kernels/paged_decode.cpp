@@ -47,14 +47,8 @@
 namespace {
 
 constexpr int64_t kRows = kLanes;  // rows per chunk: their scores are one vector
-using vuint = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-using vbf16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 
-inline vfloat load(const c10::BFloat16* p) {
-  vbf16 h;
-  std::memcpy(&h, p, sizeof(h));
-  return reinterpret_cast<vfloat>(__builtin_convertvector(h, vuint) << 16);
-}
+inline vfloat load(const c10::BFloat16* p) { return load_bf16(p); }
 
 inline vfloat load(const c10::Half* p) {
 #if defined(__F16C__)

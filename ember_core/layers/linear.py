@@ -5,8 +5,10 @@ time; at decode batch sizes that costs more than the product. `SmallBatchLinear`
 up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight once, in place
 (kernels/small_batch_linear.cpp; bfloat16 weights: kernels/bf16_linear.cpp), and larger ones
 (prefill) to `F.linear`. It is an `nn.Linear` holding the same parameters: no copy, a tied head
-still shares the embedding. The kernels' rows never depend on each other, which torch's bfloat16
-GEMM does not promise either: its blocking, and so its sums, follow the batch's shape.
+still shares the embedding. The kernels' rows never depend on each other, which torch's GEMMs do
+not promise: their blocking, and so their sums, follow the batch's shape. In float32 that moves
+the last bits; in bfloat16 it can flip a greedy token, so bfloat16 runs every row count on the
+kernel (on AMX as fast as torch's oneDNN GEMM for whole steps: docs/benchmarks.md).
 
 `GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS), or the 16-bit
 rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
@@ -37,8 +39,8 @@ def tied_head(embedding: nn.Embedding) -> nn.Linear:
 
 
 class SmallBatchLinear(nn.Linear):
-    """`nn.Linear` (CPU, float32 or bfloat16) that runs batches of at most SMALL_BATCH_ROWS rows on
-    ember's kernels."""
+    """`nn.Linear` (CPU) that runs float32 batches of at most SMALL_BATCH_ROWS rows, and bfloat16
+    batches of any size, on ember's kernels."""
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> SmallBatchLinear:
@@ -47,9 +49,10 @@ class SmallBatchLinear(nn.Linear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+        if x.dim() == 2 and (x.shape[0] <= SMALL_BATCH_ROWS or self.weight.dtype == torch.bfloat16):
             if self.weight.dtype == torch.bfloat16:
-                return cpu_ops.ops().bf16_linear(x.contiguous(), self.weight, self.bias)
+                weight_rows = self.weight.view(torch.uint8)
+                return cpu_ops.ops().bf16_linear(x.contiguous(), weight_rows, self.bias, BF16_ROWS_FORMAT, self.in_features)
             return cpu_ops.ops().small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -74,6 +77,8 @@ GGUF_BLOCK_FORMATS = {
 # The 16-bit row types, by the torch dtype that holds their values; the kernel expands 32 at a time.
 SIXTEEN_BIT_KINDS = {torch.bfloat16: gguf.GGMLQuantizationType.BF16, torch.float16: gguf.GGMLQuantizationType.F16}
 SIXTEEN_BIT_ROW_MULTIPLE = 32
+# A bfloat16 weight's rows, viewed as bytes, are GGUF BF16 rows: bf16_linear's format for them.
+BF16_ROWS_FORMAT = GGUF_BLOCK_FORMATS[gguf.GGMLQuantizationType.BF16]
 
 
 class GGUFBlockLinear(nn.Module):
@@ -94,10 +99,13 @@ class GGUFBlockLinear(nn.Module):
         return cpu_ops.ops().gguf_dequantize(self.blocks, self.format, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
+        """x in float32, or in bfloat16 (a bfloat16 model's: the weight's values rounded to bfloat16,
+        every row count on the kernel, as SmallBatchLinear)."""
+        if x.dim() == 2 and (x.shape[0] <= SMALL_BATCH_ROWS or x.dtype == torch.bfloat16):
+            linear = cpu_ops.ops().bf16_linear if x.dtype == torch.bfloat16 else cpu_ops.ops().gguf_block_linear
+            return linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
         # Prefill: expanding the weight once and running torch's GEMM is faster than tiles here.
-        return F.linear(x, self.dequantized_weight(), self.bias)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
 
 class StackedBlockLinear(nn.Module):

@@ -1,4 +1,4 @@
-"""Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 Linears for
+"""Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 or bfloat16 Linears for
 `GGUFBlockLinear`s over the file's Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS rows (fused QKV and gate/up stacked as
 at load; `StackedBlockLinear` where their parts mix formats)."""
 
@@ -92,6 +92,7 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
         head = model.lm_head
         tied = model.config.tie_word_embeddings and isinstance(head, GGUFBlockLinear)
         blocks = head.blocks if tied else _blocks_in_hf_order(model, [("embed_tokens", embedding)])
-        model.embed_tokens = GGUFBlockEmbedding(blocks, embedding.tensor_type, model.config.hidden_size)
+        dtype = model.embed_tokens.weight.dtype
+        model.embed_tokens = GGUFBlockEmbedding(blocks, embedding.tensor_type, model.config.hidden_size, dtype)
         replaced += 1
     return replaced

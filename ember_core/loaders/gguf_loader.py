@@ -108,7 +108,8 @@ def llama_config_from_gguf(reader: gguf.GGUFReader) -> LlamaConfig:
 def load_gguf(
     path: Path, device: torch.device, dtype: DtypeChoice, keep_blocks: bool = True
 ) -> tuple[nn.Module, Tokenizer]:
-    """`keep_blocks`: in float32 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS weights from their blocks (gguf_blocks.py)."""
+    """`keep_blocks`: in float32 or bfloat16 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS
+    weights from their blocks (gguf_blocks.py)."""
     try:
         reader = FastGGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
@@ -117,7 +118,7 @@ def load_gguf(
     tokenizer = tokenizer_from_gguf(reader)
     dtype = chosen_dtype(dtype, lambda: Llama(config))
     model = materialize(lambda: Llama(config), iter_gguf_weights(reader.tensors, config, dtype), device, dtype)
-    if keep_blocks and device.type == "cpu" and dtype == torch.float32 and cpu_ops.is_available():
+    if keep_blocks and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available():
         replaced = keep_gguf_blocks(model, reader.tensors)
         logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
     return model, tokenizer
