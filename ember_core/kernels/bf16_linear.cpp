@@ -329,7 +329,7 @@ void amx_linear(const Problem& p, const Weight& w) {
         return std::pair(reinterpret_cast<const char*>(step_rows), int64_t{64});
       });
     }
-  });
+  }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
 }
 #endif
 #endif

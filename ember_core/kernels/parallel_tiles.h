@@ -9,21 +9,21 @@
 
 namespace {
 
-// Runs body(state, begin, end) over tiles [0, count), kTilesPerTake at a time, on every thread that
-// is free: each takes the next tiles from a shared counter; setup() makes a thread's state once.
+// Runs body(state, begin, end) over tiles [0, count), per_take at a time, on every thread that is
+// free: each takes the next tiles from a shared counter; setup() makes a thread's state once.
 // A static split (at::parallel_for's) leaves the core that finishes first spinning until the other
 // catches up, at the end of each of a step's ~120 linears; on a shared VM the two cores' speeds
 // differ from moment to moment, and libgomp's spinning was ~18% of a batch-16 decode step's time.
 constexpr int64_t kTilesPerTake = 8;
 
 template <typename Setup, typename Body>
-void parallel_over_tiles(int64_t count, Setup&& setup, Body&& body) {
+void parallel_over_tiles(int64_t count, Setup&& setup, Body&& body, int64_t per_take = kTilesPerTake) {
   std::atomic<int64_t> next{0};
-  const int64_t takes = (count + kTilesPerTake - 1) / kTilesPerTake;
+  const int64_t takes = (count + per_take - 1) / per_take;
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), takes), 1, [&](int64_t, int64_t) {
     auto state = setup();
-    for (int64_t begin = next.fetch_add(kTilesPerTake); begin < count; begin = next.fetch_add(kTilesPerTake))
-      body(state, begin, std::min(begin + kTilesPerTake, count));
+    for (int64_t begin = next.fetch_add(per_take); begin < count; begin = next.fetch_add(per_take))
+      body(state, begin, std::min(begin + per_take, count));
   });
 }
 
