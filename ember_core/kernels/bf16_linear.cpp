@@ -317,16 +317,18 @@ void amx_linear(const Problem& p, const Weight& w) {
         amx_task(p, packed_x.data(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
         continue;
       }
-      // One x group: each step's 64 x 32 values are expanded into L1 just before their tiles load.
-      alignas(64) uint16_t step_rows[kAmxTaskRows * kValuesPerStep] = {};
+      // One x group: each step's 64 x 32 values are expanded into L1 just before their tiles load,
+      // into two buffers in turn, so a step's expansion need not wait for the previous step's loads.
+      alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep] = {};
       amx_task(p, packed_x.data(), row, [&](int64_t step) {
+        uint16_t* out = step_rows[step % 2];
         for (int64_t r = 0; r < rows; ++r) {
           const uint8_t* row_blocks = w.blocks + (row + r) * w.row_bytes;
           if (step + kPrefetchSteps < steps)
             __builtin_prefetch(row_blocks + (step + kPrefetchSteps) * kValuesPerStep * layout.bytes / layout.values);
-          expand_step_to_bf16<Format>(row_blocks, step, step_rows + r * kValuesPerStep);
+          expand_step_to_bf16<Format>(row_blocks, step, out + r * kValuesPerStep);
         }
-        return std::pair(reinterpret_cast<const char*>(step_rows), int64_t{64});
+        return std::pair(reinterpret_cast<const char*>(out), int64_t{64});
       });
     }
   }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
