@@ -300,15 +300,10 @@ void amx_task(const Problem& p, const uint32_t* packed_x, int64_t row, TileRows&
   }
 }
 
-// Blocks a few steps ahead of the one expanding: 64 rows are too many streams for the hardware
-// prefetchers to follow.
-constexpr int64_t kPrefetchSteps = 4;
-
 template <int64_t Format>
 void amx_linear(const Problem& p, const Weight& w) {
   const std::vector<uint32_t> packed_x = pack_x(p);
-  const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows, steps = p.k / kValuesPerStep;
-  constexpr BlockLayout layout = kBlockLayouts[Format];
+  const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows;
   parallel_over_tiles(tasks, [] { return AmxTiles(); }, [&](AmxTiles& tiles, int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t row = task * kAmxTaskRows, rows = std::min(kAmxTaskRows, p.n - row);
@@ -319,15 +314,15 @@ void amx_linear(const Problem& p, const Weight& w) {
       }
       // One x group: each step's 64 x 32 values are expanded into L1 just before their tiles load,
       // into two buffers in turn, so a step's expansion need not wait for the previous step's loads.
+      // The task's blocks are one stretch of memory, read 64 rows abreast: too many streams for the
+      // hardware prefetchers, so the whole stretch is requested at once.
+      const uint8_t* task_blocks = w.blocks + row * w.row_bytes;
+      for (int64_t offset = 0; offset < rows * w.row_bytes; offset += 64) __builtin_prefetch(task_blocks + offset, 0, 2);
       alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep] = {};
       amx_task(p, packed_x.data(), row, [&](int64_t step) {
         uint16_t* out = step_rows[step % 2];
-        for (int64_t r = 0; r < rows; ++r) {
-          const uint8_t* row_blocks = w.blocks + (row + r) * w.row_bytes;
-          if (step + kPrefetchSteps < steps)
-            __builtin_prefetch(row_blocks + (step + kPrefetchSteps) * kValuesPerStep * layout.bytes / layout.values);
-          expand_step_to_bf16<Format>(row_blocks, step, out + r * kValuesPerStep);
-        }
+        for (int64_t r = 0; r < rows; ++r)
+          expand_step_to_bf16<Format>(task_blocks + r * w.row_bytes, step, out + r * kValuesPerStep);
         return std::pair(reinterpret_cast<const char*>(out), int64_t{64});
       });
     }
