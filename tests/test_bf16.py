@@ -5,6 +5,8 @@ the batch; and the real model gives a request the same tokens and logprobs alone
 
 from __future__ import annotations
 
+import copy
+
 import gguf
 import pytest
 import torch
@@ -13,10 +15,13 @@ import torch.nn.functional as F
 from ember_core import LLM, SamplingParams
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import BF16_ROWS_FORMAT, GGUF_BLOCK_FORMATS
+from ember_core.loaders import load_model
+from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
 from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.test_linear import _blocks
+from tests.test_llama_hf import CASES, VOCAB, _hf_model
 
 pytestmark = pytest.mark.usefixtures("kernel")
 BF16_ULP = 2**-8  # bfloat16's relative rounding step
@@ -118,3 +123,24 @@ def test_a_split_prompt_gets_the_bits_of_a_whole_one(smollm2_gguf_path) -> None:
     alone = [llm.generate([prompt], params)[0] for prompt in prompts[:3]]
     together = llm.generate(prompts, params)[:3]
     assert [(o.token_ids, o.logprobs) for o in together] == [(o.token_ids, o.logprobs) for o in alone]
+
+
+@pytest.mark.parametrize("case", ["gqa_tied", "linear_rope_biases"])
+@torch.inference_mode()
+def test_logits_are_as_close_to_float32_as_transformers_bfloat16(case: str, tmp_path) -> None:
+    """A prompt's prefill and then a decode (the fused layer) in bfloat16, against transformers in
+    float32: ember's bf16 may not stray further than transformers' own bf16 model does."""
+    hf_model = _hf_model(case, **CASES[case])
+    hf_model.save_pretrained(tmp_path)
+    prompt = torch.randint(0, VOCAB, (33,), generator=torch.Generator().manual_seed(5)).tolist()
+    reference = hf_model(torch.tensor([prompt])).logits[0]
+    hf_bf16 = copy.deepcopy(hf_model).bfloat16()(torch.tensor([prompt])).logits[0].float()
+    model = load_model(str(tmp_path), torch.device("cpu"), torch.bfloat16).model
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
+    table = list(range(-(-len(prompt) // BLOCK_SIZE)))
+    prefill = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[:-1], 0, table, None)]))
+    decode = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[-1:], len(prompt) - 1, table, None)]))
+    ember = torch.cat([prefill, decode]).float()
+    assert ember.dtype is torch.float32 and model.norm.weight.dtype is torch.bfloat16
+    transformers_error = (hf_bf16 - reference).abs().max().item()
+    assert (ember - reference).abs().max().item() <= 2 * transformers_error
