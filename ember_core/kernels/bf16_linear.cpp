@@ -1,4 +1,4 @@
-// y = x W^T + b in bfloat16 for the few rows of a decode step (CPU). Each output is a float32 sum
+// y = x W^T + b for a bfloat16 model on CPU, decode steps and prompts alike. Each output is a float32 sum
 // over k whose order depends on k only, rounded to bfloat16 once with the bias: a row's bits never
 // depend on the other rows of the batch (torch's bf16 GEMM picks its blocking, and so its sums, by
 // the batch's shape). W is a bfloat16 weight, read in place (format BF16: its rows viewed as bytes),
@@ -160,7 +160,8 @@ inline void expand_step_to_bf16(const uint8_t* row_blocks, int64_t step, uint16_
 
 template <int64_t Format>
 inline void expand_row_to_bf16(const uint8_t* row_blocks, int64_t k, uint16_t* out) {
-  for (int64_t step = 0; step < k / kValuesPerStep; ++step) expand_step_to_bf16<Format>(row_blocks, step, out + step * kValuesPerStep);
+  for (int64_t step = 0; step < k / kValuesPerStep; ++step)
+    expand_step_to_bf16<Format>(row_blocks, step, out + step * kValuesPerStep);
 }
 
 // Weight rows [row, row + count) as bfloat16, k values apart: in place for BF16 rows, else

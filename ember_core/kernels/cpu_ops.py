@@ -1,8 +1,8 @@
 """Loader for ember's C++ CPU ops, one extension per instruction set built from the .cpp files next
 to this one: `paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
-`small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp), `bf16_linear`
-(bf16_linear.cpp),
-`rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp),
+`small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp),
+`bf16_linear` (bf16_linear.cpp), `rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp),
+`write_kv_cache_` (kv_cache.cpp),
 `llama_decode_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h),
 and the sampler's `inverse_cdf_draw` (sampling.cpp). `ops()` is the op namespace of the instruction
 set in use: `ops().small_batch_linear(...)`.
@@ -11,7 +11,8 @@ Each instruction set is built with fixed compiler flags (never `-march=native`, 
 contraction choices differ from CPU to CPU) and `-ffp-contract=off`: a multiply-add is fused where
 the source says so (`multiply_add`, `_mm*_fmadd_ps`, `std::fma`) and nowhere else, so the bits
 depend on the instruction set only. The best one the CPU runs is used, or the one `EMBER_CPU_ISA`
-names (`baseline`, `avx2`, `avx512`, `avx512bf16`, `amx`), which lets an AVX-512 machine run and test the lower paths.
+names (`baseline`, `avx2`, `avx512`, `avx512bf16`, `amx`), which lets a machine run and test the
+lower paths.
 
 The build is attempted once per process and instruction set; a failure (no compiler, no ninja, ...)
 is remembered, so callers can ask `is_available()` once and fall back to SDPA / torch's GEMM
