@@ -43,7 +43,7 @@ _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")
 ISA_ENVIRONMENT_VARIABLE = "EMBER_CPU_ISA"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one instance each (INSTRUCTION_SETS): hashed by identity, cheaply per op call
 class InstructionSet:
     name: str
     cpu_flags: tuple[str, ...]  # what /proc/cpuinfo must list for the build to run here

@@ -29,6 +29,11 @@ class PrefillSlice:
     num_tokens: int
     context_len: int  # tokens in the cache once this step's are written
     block_table: torch.Tensor  # [num_blocks_held]
+    # Set for a chunk whose tokens attend token by token through the decode kernel, as their decodes
+    # would (the runner's decodes do, and the chunk is within SMALL_BATCH_ROWS): each token's bits
+    # then do not depend on how the scheduler split the prompt. Token i's decode operands:
+    token_block_tables: torch.Tensor | None = None  # [num_tokens, num_blocks_held] int32
+    token_context_lens: torch.Tensor | None = None  # [num_tokens] int32: context_len - num_tokens + i + 1
 
 
 @dataclass
@@ -43,10 +48,6 @@ class AttentionMetadata:
     decode_block_mask: BlockMask | None
     decode_key_mask: torch.Tensor | None
     prefills: list[PrefillSlice]
-    # Whether chunks of up to SMALL_BATCH_ROWS tokens attend token by token through the decode kernel
-    # (the runner's decodes do): each token's bits are then those of its decode, however the
-    # scheduler split the prompt and whatever else the step holds.
-    short_chunks_on_kernel: bool = False
 
     @property
     def num_decodes(self) -> int:
@@ -126,11 +127,13 @@ def paged_attention(
     if meta.num_decodes:
         out[meta.decode_token_index] = _decode_attention(query[meta.decode_token_index], key_cache, value_cache, meta, scale)
     for p in meta.prefills:
-        long_chunk = p.num_tokens > SMALL_BATCH_ROWS
         chunk = slice(p.token_start, p.token_start + p.num_tokens)
-        if meta.short_chunks_on_kernel and not long_chunk:
-            out[chunk] = _chunk_as_decodes(query[chunk], key_cache, value_cache, p, scale)
+        if p.token_context_lens is not None:
+            out[chunk] = cpu_ops.ops().paged_decode_attention(
+                query[chunk].contiguous(), key_cache, value_cache, p.token_block_tables, p.token_context_lens, scale
+            )
             continue
+        long_chunk = p.num_tokens > SMALL_BATCH_ROWS
         keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
         values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
         q = query[chunk].transpose(0, 1)  # [heads, n, d]
@@ -146,16 +149,6 @@ def paged_attention(
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[chunk] = (attn[0] if long_chunk else attn).transpose(0, 1)
     return out
-
-
-def _chunk_as_decodes(
-    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, p: PrefillSlice, scale: float
-) -> torch.Tensor:
-    """The chunk's tokens as decodes of their own: token i attends to the first
-    context_len - num_tokens + i + 1 positions of the sequence's blocks (its K/V are written)."""
-    tables = p.block_table.to(torch.int32).expand(p.num_tokens, -1).contiguous()
-    lens = torch.arange(p.context_len - p.num_tokens + 1, p.context_len + 1, dtype=torch.int32, device=query.device)
-    return cpu_ops.ops().paged_decode_attention(query.contiguous(), key_cache, value_cache, tables, lens, scale)
 
 
 def _lower_right_causal_mask(num_tokens: int, context_len: int, device: torch.device) -> torch.Tensor | object:

@@ -49,10 +49,10 @@ class SmallBatchLinear(nn.Linear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and (x.shape[0] <= SMALL_BATCH_ROWS or self.weight.dtype == torch.bfloat16):
-            if self.weight.dtype == torch.bfloat16:
-                weight_rows = self.weight.view(torch.uint8)
-                return cpu_ops.ops().bf16_linear(x.contiguous(), weight_rows, self.bias, BF16_ROWS_FORMAT, self.in_features)
+        if x.dim() == 2 and self.weight.dtype == torch.bfloat16:
+            weight_rows = self.weight.view(torch.uint8)
+            return cpu_ops.ops().bf16_linear(x.contiguous(), weight_rows, self.bias, BF16_ROWS_FORMAT, self.in_features)
+        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
             return cpu_ops.ops().small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -101,9 +101,10 @@ class GGUFBlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x in float32, or in bfloat16 (a bfloat16 model's: the weight's values rounded to bfloat16,
         every row count on the kernel, as SmallBatchLinear)."""
-        if x.dim() == 2 and (x.shape[0] <= SMALL_BATCH_ROWS or x.dtype == torch.bfloat16):
-            linear = cpu_ops.ops().bf16_linear if x.dtype == torch.bfloat16 else cpu_ops.ops().gguf_block_linear
-            return linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
+        if x.dim() == 2 and x.dtype == torch.bfloat16:
+            return cpu_ops.ops().bf16_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
+        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+            return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
         # Prefill: expanding the weight once and running torch's GEMM is faster than tiles here.
         return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 

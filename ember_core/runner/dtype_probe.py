@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ember_core.device import cpu_has_fast_bf16, resolve_dtype
 from ember_core.layers.linear import use_small_batch_linears
+from ember_core.loaders.load import DtypeChoice
 
 logger = logging.getLogger(__name__)
 
-DtypeChooser = Callable[[nn.Module], torch.dtype]
 PROBE_ROWS = 16  # a decode step of 16 sequences
 PROBE_REPEATS = 3
 
 
-def dtype_for_model(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype | DtypeChooser:
+def dtype_for_model(dtype: str | torch.dtype | None, device: torch.device) -> DtypeChoice:
     """resolve_dtype's answer, except "auto" on a CPU with native bfloat16: the model's shapes decide
     (faster_cpu_dtype, called by the loader on the model built without weights)."""
     if dtype in (None, "auto") and device.type == "cpu" and cpu_has_fast_bf16():

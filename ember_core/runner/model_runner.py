@@ -12,7 +12,7 @@ from ember_core.config import DecodeAttention
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice, decode_key_mask
 from ember_core.layers.flex_decode import decode_block_mask
-from ember_core.layers.linear import use_small_batch_linears
+from ember_core.layers.linear import SMALL_BATCH_ROWS, use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SampledToken, SequenceChunk
 from ember_core.runner.sampler import sample, scored_tokens
@@ -60,6 +60,15 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
+    def _prefill_slice(self, token_start: int, num_tokens: int, context_len: int, table: list[int]) -> PrefillSlice:
+        """A chunk within the small-batch rows attends token by token through the decode kernel
+        when decodes do, so a split prompt keeps the bits of a whole one (attention.PrefillSlice)."""
+        token_tables = token_lens = None
+        if self.decode_attention == "kernel" and num_tokens <= SMALL_BATCH_ROWS:
+            token_tables = torch.tensor(table, dtype=torch.int32, device=self.device).expand(num_tokens, -1).contiguous()
+            token_lens = torch.arange(context_len - num_tokens + 1, context_len + 1, dtype=torch.int32, device=self.device)
+        return PrefillSlice(token_start, num_tokens, context_len, self._tensor(table), token_tables, token_lens)
+
     def prepare(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         block_size = self.block_size
         token_ids: list[int] = []
@@ -84,7 +93,7 @@ class ModelRunner:
                 decode_context_lens.append(context_len)
             else:
                 held = -(-context_len // block_size)
-                prefills.append(PrefillSlice(token_start, num_tokens, context_len, self._tensor(table[:held])))
+                prefills.append(self._prefill_slice(token_start, num_tokens, context_len, table[:held]))
         max_blocks = max((len(t) for t in decode_tables), default=0)
         padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
         block_tables = torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(padded), max_blocks)
@@ -102,7 +111,6 @@ class ModelRunner:
             decode_block_mask=block_mask,
             decode_key_mask=key_mask,
             prefills=prefills,
-            short_chunks_on_kernel=self.decode_attention == "kernel",
         )
         return self._tensor(token_ids), self._tensor(positions), meta
 
