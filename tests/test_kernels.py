@@ -183,11 +183,15 @@ def _in_blocks_of(case: Case, block_size: int) -> Case:
     )
 
 
-def test_a_sequences_output_bits_depend_on_its_own_query_and_kv_only(kernel: None) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_a_sequences_output_bits_depend_on_its_own_query_and_kv_only(
+    kernel: None, dtype: torch.dtype, head_dim: int
+) -> None:
     """Greedy decoding must not change with batch composition, thread count or block size (the
     engine's invariance), so neither may one bit of a sequence's attention output."""
     lens = [613, 200, 7, 450, 64, 65, 1, 1100]
-    case = make_case(lens, num_kv_heads=3, group=3, head_dim=64, block_size=16, dtype=torch.float32, seed=2)
+    case = make_case(lens, num_kv_heads=3, group=3, head_dim=head_dim, block_size=16, dtype=dtype, seed=2)
     batched = run_kernel(case)
     for b in range(len(lens)):
         alone = with_changes(

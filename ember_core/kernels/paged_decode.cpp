@@ -18,7 +18,8 @@
 // sequences of ~260 tokens: ~25% faster; 1 of ~2,000: ~15%).
 // Vectors are GCC/Clang vector extensions of 8 floats, one AVX2 register (AVX-512 machines run the
 // same code); loops over the kRows rows of a chunk have constant trip counts, so the row
-// accumulators live in registers.
+// accumulators live in registers. A bfloat16 model on a CPU with AVX512-BF16 takes a wider path
+// (attend_span_wide): its scores from vdpbf16ps, its sums of V 16 lanes wide.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -34,6 +35,7 @@
 #include <cstring>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,6 +45,7 @@
 
 #include "ops.h"
 #include "vec8.h"
+#include "vec16.h"
 
 namespace {
 
@@ -89,20 +92,53 @@ struct Shapes {
   int64_t block_stride, token_stride;  // in elements, of the K/V caches
 };
 
-// Scores of one query head against a chunk's rows (rows past the chunk's end repeat its first row).
-template <typename T>
-inline vfloat chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim) {
-  vfloat partial[kRows] = {};
+// Scores of Heads query heads (q, head_dim apart) against a chunk's rows (rows past the chunk's end
+// repeat its first row), into scores[h * stride, + kRows). Each key vector is loaded (and widened)
+// once for all the heads; each head's sums run in the same order whatever Heads is.
+template <int64_t Heads, typename T>
+inline void chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim, float* scores,
+                         int64_t stride) {
+  vfloat partial[Heads][kRows] = {};
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
-    const vfloat qv = load(q + d);
+    vfloat qv[Heads];
+    for (int64_t h = 0; h < Heads; ++h) qv[h] = load(q + h * head_dim + d);
 #pragma GCC unroll 8
-    for (int64_t r = 0; r < kRows; ++r) partial[r] = multiply_add(qv, load(keys[r] + d), partial[r]);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const vfloat k = load(keys[r] + d);
+      for (int64_t h = 0; h < Heads; ++h) partial[h][r] = multiply_add(qv[h], k, partial[h][r]);
+    }
   }
-  vfloat scores = transpose_sum(partial);
-  for (; d < head_dim; ++d)
-    for (int64_t r = 0; r < kRows; ++r) scores[r] = std::fma(q[d], to_float(keys[r][d]), scores[r]);
-  return scores;
+  for (int64_t h = 0; h < Heads; ++h) {
+    vfloat head_scores = transpose_sum(partial[h]);
+    for (int64_t e = d; e < head_dim; ++e)
+      for (int64_t r = 0; r < kRows; ++r)
+        head_scores[r] = std::fma(q[h * head_dim + e], to_float(keys[r][e]), head_scores[r]);
+    store(scores + h * stride, head_scores);
+  }
+}
+
+// Heads of a group scored together: their accumulators, kRows each, and the key must fit the
+// registers (AVX-512's 32 hold 3 heads' 24; AVX2's 16 one head's 8).
+#if defined(EMBER_AVX512)
+constexpr int64_t kScoredHeadsPerPass = 3;
+#else
+constexpr int64_t kScoredHeadsPerPass = 1;
+#endif
+
+// Scores of every query head of kv head kv's group against a chunk.
+template <typename T>
+inline void group_chunk_scores(const float* q, const T* const (&keys)[kRows], const Shapes& s, int64_t kv,
+                               float* scores, int64_t stride) {
+  for (int64_t h = kv * s.group; h < (kv + 1) * s.group; h += kScoredHeadsPerPass) {
+    const float* head_q = q + h * s.head_dim;
+    float* head_scores = scores + h * stride;
+    switch (std::min(kScoredHeadsPerPass, (kv + 1) * s.group - h)) {
+      case 1: chunk_scores<1>(head_q, keys, s.head_dim, head_scores, stride); break;
+      case 2: chunk_scores<2>(head_q, keys, s.head_dim, head_scores, stride); break;
+      default: chunk_scores<kScoredHeadsPerPass>(head_q, keys, s.head_dim, head_scores, stride);
+    }
+  }
 }
 
 // Tokens [begin, end) of one sequence's context.
@@ -213,32 +249,36 @@ struct Partial {
 };
 
 // Per-thread float32 buffers: the scaled query, and the scores (then weights) of every head over a
-// span with a vector of slack (a chunk's scores are stored whole).
+// span with a chunk of slack (a chunk's scores are stored whole, 16 on the bfloat16 path).
+constexpr int64_t kScoreSlack = 16;
+
 struct Scratch {
   int64_t score_stride;
   std::vector<float> query, scores;
   Scratch(const Shapes& s, int64_t max_span)
-      : score_stride(max_span + kLanes), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride) {}
+      : score_stride(max_span + kScoreSlack), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride) {}
 };
 
 // The chunk starting at token t: at most kRows rows, never past the span or its block. Offsets
 // of rows past the chunk's end repeat its first row, so every load stays inside the cache.
+template <int64_t Rows = kRows>
 struct Chunk {
-  int64_t rows, offsets[kRows];
+  int64_t rows, offsets[Rows];
 };
 
-inline Chunk chunk_at(int64_t t, int64_t end, const int32_t* block_table, const Shapes& s) {
+template <int64_t Rows = kRows>
+inline Chunk<Rows> chunk_at(int64_t t, int64_t end, const int32_t* block_table, const Shapes& s) {
   const int64_t in_block = t % s.block_size;
-  Chunk chunk;
-  chunk.rows = std::min({kRows, end - t, s.block_size - in_block});
+  Chunk<Rows> chunk;
+  chunk.rows = std::min({Rows, end - t, s.block_size - in_block});
   const int64_t base = block_table[t / s.block_size] * s.block_stride + in_block * s.token_stride;
-  for (int64_t r = 0; r < kRows; ++r) chunk.offsets[r] = base + (r < chunk.rows ? r : 0) * s.token_stride;
+  for (int64_t r = 0; r < Rows; ++r) chunk.offsets[r] = base + (r < chunk.rows ? r : 0) * s.token_stride;
   return chunk;
 }
 
 // A chunk's K into L1 and its V into L2, where pass 2 finds it.
-template <typename T>
-inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk& chunk, const Shapes& s) {
+template <typename T, int64_t Rows>
+inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk<Rows>& chunk, const Shapes& s) {
   const char* keys = reinterpret_cast<const char*>(key_cache + chunk.offsets[0]);
   const char* values = reinterpret_cast<const char*>(value_cache + chunk.offsets[0]);
   const int64_t bytes = chunk.rows * s.token_stride * static_cast<int64_t>(sizeof(T));
@@ -264,8 +304,7 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
       const T* keys[kRows];
       for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * head_dim;
-      for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
-        store(scores + h * stride + (t - span.begin), chunk_scores(q + h * head_dim, keys, head_dim));
+      group_chunk_scores(q, keys, s, kv, scores + (t - span.begin), stride);
     }
   }
 
@@ -276,6 +315,104 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
                       s, kv, stride);
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// A bfloat16 query over a bfloat16 cache, on CPUs with AVX512-BF16: a score is the query's dot
+// product with a key row straight from their bfloat16 values, 32 products an instruction
+// (vdpbf16ps; each product of two bfloat16 values is exact in float32), times the scale; V is
+// summed 16 lanes wide. Chunks are 16 rows, a score per lane. As on the float32 path, a score reads
+// only its query and key row and each output lane sums its tokens in order, so the bits depend on
+// the sequence alone.
+constexpr int64_t kWideRows = 16;
+constexpr int64_t kPairsPerStep = 32;  // bfloat16 values of one register
+
+inline __m512bh load_pairs(const c10::BFloat16* p, __mmask32 valid) {
+  return (__m512bh)_mm512_maskz_loadu_epi16(valid, p);
+}
+
+// Scores of one query head against a chunk's 16 rows, lane r for row r.
+inline __m512 wide_chunk_scores(const c10::BFloat16* q, const c10::BFloat16* const (&keys)[kWideRows],
+                                int64_t head_dim, float scale) {
+  // sixteen_sums puts slot 4l + c's sum in lane 4c + l: row r goes to slot 4 (r % 4) + r / 4.
+  __m512 acc[kWideRows];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; d += kPairsPerStep) {
+    const int64_t count = std::min(kPairsPerStep, head_dim - d);
+    const __mmask32 valid = count == kPairsPerStep ? ~__mmask32(0) : static_cast<__mmask32>((1u << count) - 1);
+    const __m512bh qv = load_pairs(q + d, valid);
+    for (int64_t r = 0; r < kWideRows; ++r) {
+      __m512& a = acc[4 * (r % 4) + r / 4];
+      a = _mm512_dpbf16_ps(a, qv, load_pairs(keys[r] + d, valid));
+    }
+  }
+  return _mm512_mul_ps(sixteen_sums(acc), _mm512_set1_ps(scale));
+}
+
+// acc[g] = sum over the span's tokens t of weight[g][t] * V[t], for Heads heads, 64 lanes of
+// head_dim at a time (4 registers a head: 3 heads' 12 accumulators, 4 of V and a weight).
+template <int64_t Heads>
+inline void wide_accumulate_values(float* acc, const float* weights, const c10::BFloat16* values,
+                                   const int32_t* block_table, const Span& span, const Shapes& s,
+                                   int64_t weight_stride) {
+  constexpr int64_t kVectors = 4, kWidth = 16;
+  for (int64_t d = 0; d < s.head_dim; d += kVectors * kWidth) {
+    __m512 a[Heads][kVectors];
+    for (auto& head : a)
+      for (__m512& v : head) v = _mm512_setzero_ps();
+    int64_t counts[kVectors];
+    for (int64_t j = 0; j < kVectors; ++j) counts[j] = std::clamp<int64_t>(s.head_dim - d - j * kWidth, 0, kWidth);
+    for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
+      __m512 v[kVectors];
+      for (int64_t j = 0; j < kVectors; ++j) v[j] = load_bf16_sixteen(values + offset + d + j * kWidth, counts[j]);
+      for (int64_t g = 0; g < Heads; ++g) {
+        const __m512 w = _mm512_set1_ps(weights[g * weight_stride + (t - span.begin)]);
+        for (int64_t j = 0; j < kVectors; ++j) a[g][j] = _mm512_fmadd_ps(w, v[j], a[g][j]);
+      }
+    });
+    for (int64_t g = 0; g < Heads; ++g)
+      for (int64_t j = 0; j < kVectors; ++j)
+        if (counts[j] > 0)
+          _mm512_mask_storeu_ps(acc + g * s.head_dim + d + j * kWidth, static_cast<__mmask16>((1u << counts[j]) - 1),
+                                a[g][j]);
+  }
+}
+
+void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache, const c10::BFloat16* value_cache,
+                      const int32_t* block_table, const Span& span, const Shapes& s, float scale, Scratch& scratch,
+                      const Partial& result) {
+  const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
+  float* scores = scratch.scores.data();
+  for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
+    const Chunk<kWideRows> chunk = chunk_at<kWideRows>(t, span.end, block_table, s);
+    rows = chunk.rows;
+    if (t == span.begin) prefetch_chunk(key_cache, value_cache, chunk, s);
+    if (t + rows < span.end)
+      prefetch_chunk(key_cache, value_cache, chunk_at<kWideRows>(t + rows, span.end, block_table, s), s);
+    for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
+      const c10::BFloat16* keys[kWideRows];
+      for (int64_t r = 0; r < kWideRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * head_dim;
+      for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+        _mm512_storeu_ps(scores + h * stride + (t - span.begin), wide_chunk_scores(query + h * head_dim, keys, head_dim, scale));
+    }
+  }
+
+  for (int64_t h = 0; h < s.num_heads; ++h)
+    std::tie(result.max[h], result.sum[h]) = softmax_weights(scores + h * stride, span.end - span.begin);
+
+  for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
+    for (int64_t g = 0; g < group; g += kHeadsPerPass) {
+      float* acc = result.acc + (kv * group + g) * head_dim;
+      const float* weights = scores + (kv * group + g) * stride;
+      const c10::BFloat16* values = value_cache + kv * head_dim;
+      switch (std::min(kHeadsPerPass, group - g)) {
+        case 1: wide_accumulate_values<1>(acc, weights, values, block_table, span, s, stride); break;
+        case 2: wide_accumulate_values<2>(acc, weights, values, block_table, span, s, stride); break;
+        default: wide_accumulate_values<3>(acc, weights, values, block_table, span, s, stride);
+      }
+    }
+}
+#define EMBER_WIDE_BF16_ATTENTION 1
+#endif
 
 // Output of one sequence from its spans' partials, rescaled to a common max. `factors` is
 // scratch with room for one float per span.
@@ -359,7 +496,12 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
     for (int64_t i = next_span++; i < num_spans; i = next_span++) {
       const int64_t b = spans[i].sequence;
       const Partial result{&maxes[i * num_heads], &sums[i * num_heads], &accs[i * num_heads * head_dim]};
-      attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+#if defined(EMBER_WIDE_BF16_ATTENTION)
+      if constexpr (std::is_same_v<Q, c10::BFloat16> && std::is_same_v<T, c10::BFloat16>)
+        attend_span_wide(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+      else
+#endif
+        attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
       if (spans_left[b].fetch_sub(1, std::memory_order_acq_rel) == 1)
         merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, factors.data(),
                     o + b * num_heads * head_dim);
