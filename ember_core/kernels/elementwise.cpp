@@ -1,6 +1,6 @@
 // The per-token ops between a Llama layer's matmuls, as single C++ calls (float32 or bfloat16, CPU): eager
 // torch dispatches several ops for each (F.rms_norm about ten), which at decode batch sizes costs
-// far more than the arithmetic. Rows run in parallel only when there are many (prefill).
+// far more than the arithmetic.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,7 +23,9 @@
 
 namespace {
 
-constexpr int64_t kRowsPerTask = 64;
+// Rows of `width` values per parallel task: ~8K values, so a decode step's 16 rows of a 1536-wide
+// gate split across two cores.
+inline int64_t rows_per_task(int64_t width) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(width, 1)); }
 
 void check_float_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_cpu(), op, ": ", name, " must be a float32 CPU tensor (or bfloat16, in rows of a multiple of 8 values), got ",
@@ -63,7 +66,7 @@ at::Tensor rms_norm_bf16(const at::Tensor& x, const at::Tensor& weight, double e
   const BFloat16* in = x.data_ptr<BFloat16>();
   const BFloat16* w = weight.data_ptr<BFloat16>();
   BFloat16* out = y.data_ptr<BFloat16>();
-  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_per_task(dim), [&](int64_t begin, int64_t end) {
     std::vector<float> row(dim);
     std::vector<BFloat16> normalised(kLanes);
     for (int64_t r = begin; r < end; ++r) {
@@ -83,7 +86,7 @@ void rotary_bf16_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   BFloat16* data = x.data_ptr<BFloat16>();
   const BFloat16* c = cos.data_ptr<BFloat16>();
   const BFloat16* s = sin.data_ptr<BFloat16>();
-  at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, rows_per_task(heads * dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t h = 0; h < heads; ++h) {
         BFloat16* v = data + t * x.stride(0) + h * x.stride(1);
@@ -102,7 +105,7 @@ at::Tensor silu_and_mul_bf16(const at::Tensor& gate_up) {
   at::Tensor out = at::empty({rows, n}, gate_up.options());
   const BFloat16* in = gate_up.data_ptr<BFloat16>();
   BFloat16* y = out.data_ptr<BFloat16>();
-  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_per_task(2 * n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t i = 0; i < n; i += kLanes) {
         const vfloat g = load_bf16(in + r * 2 * n + i);
@@ -132,7 +135,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const float* in = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_per_task(dim), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* row = in + r * dim;
       const float scale = static_cast<float>(1.0 / std::sqrt(sum_of_squares(row, dim) / dim + eps));
@@ -163,7 +166,7 @@ void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) 
   const int64_t token_stride = x.stride(0), head_stride = x.stride(1);
   const float* c = cos.data_ptr<float>();
   const float* s = sin.data_ptr<float>();
-  at::parallel_for(0, tokens, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, rows_per_task(heads * dim), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* ct = c + t * dim;
       const float* st = s + t * dim;
@@ -197,7 +200,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   at::Tensor out = at::empty({rows, n}, gate_up.options());
   const float* in = gate_up.data_ptr<float>();
   float* y = out.data_ptr<float>();
-  at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, rows_per_task(2 * n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* gate = in + r * 2 * n;
       const float* up = gate + n;
