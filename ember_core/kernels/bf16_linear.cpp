@@ -28,6 +28,7 @@
 #include "gguf_blocks.h"
 #include "ops.h"
 #include "parallel_tiles.h"
+#include "vec16.h"
 
 namespace {
 
@@ -58,25 +59,6 @@ struct Problem {
   c10::BFloat16* y;  // [m, n]
   int64_t m, n, k;
 };
-
-// Lane 4c + l of the result: the sum of acc[4l + c]'s 16 lanes. Every accumulator's lanes are added
-// in the same tree (j + 8, then j + 4, then (0 + 2) + (1 + 3)), whichever slot it takes, so an
-// output's bits do not depend on the tile around it; 16 sums cost ~30 instructions, not ~16 x 8.
-inline __m512 sixteen_sums(const __m512 (&acc)[16]) {
-  __m512 halves[8], quarters[4], pairs[2];
-  for (int t = 0; t < 8; ++t) {  // [acc[2t] lanes j + (j + 8) | acc[2t + 1] lanes j + (j + 8)], j < 8
-    const __m512 low = _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0x44);
-    const __m512 high = _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0xEE);
-    halves[t] = _mm512_add_ps(low, high);
-  }
-  for (int t = 0; t < 4; ++t)  // 128-bit chunk c: acc[4t + c] lanes j + (j + 4), j < 4
-    quarters[t] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * t], halves[2 * t + 1], 0x88),
-                                _mm512_shuffle_f32x4(halves[2 * t], halves[2 * t + 1], 0xDD));
-  for (int t = 0; t < 2; ++t)  // chunk c: [q(0 + 2), q(1 + 3)] of quarters[2t] then of quarters[2t + 1]
-    pairs[t] = _mm512_add_ps(_mm512_shuffle_ps(quarters[2 * t], quarters[2 * t + 1], 0x44),
-                             _mm512_shuffle_ps(quarters[2 * t], quarters[2 * t + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xDD));
-}
 
 inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
@@ -231,6 +213,8 @@ struct AmxTiles {
     for (int t = 0; t < 7; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kAmxRows;
     _tile_loadconfig(&config);
   }
+  AmxTiles(const AmxTiles&) = delete;  // a copy's destructor would release the tiles under their user
+  AmxTiles& operator=(const AmxTiles&) = delete;
   ~AmxTiles() { _tile_release(); }
 };
 
@@ -305,29 +289,46 @@ template <int64_t Format>
 void amx_linear(const Problem& p, const Weight& w) {
   const std::vector<uint32_t> packed_x = pack_x(p);
   const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows;
-  parallel_over_tiles(tasks, [] { return AmxTiles(); }, [&](AmxTiles& tiles, int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t row = task * kAmxTaskRows, rows = std::min(kAmxTaskRows, p.n - row);
-      if (Format == kBF16 || p.m > kAmxRows) {  // rows in place or expanded whole: several x groups reuse them
+  const auto task_rows = [&](int64_t task) { return std::min(kAmxTaskRows, p.n - task * kAmxTaskRows); };
+  if (Format == kBF16 || p.m > kAmxRows) {  // rows in place or expanded whole: several x groups reuse them
+    parallel_over_tiles(tasks, [] { return AmxTiles(); }, [&](AmxTiles& tiles, int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t row = task * kAmxTaskRows;
         const auto* first = reinterpret_cast<const char*>(bf16_rows<Format>(w, p.k, row, kAmxTaskRows, tiles.rows));
         amx_task(p, packed_x.data(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
-        continue;
       }
-      // One x group: each step's 64 x 32 values are expanded into L1 just before their tiles load,
-      // into two buffers in turn, so a step's expansion need not wait for the previous step's loads.
-      // The task's blocks are one stretch of memory, read 64 rows abreast: too many streams for the
-      // hardware prefetchers, so the whole stretch is requested at once.
-      const uint8_t* task_blocks = w.blocks + row * w.row_bytes;
-      for (int64_t offset = 0; offset < rows * w.row_bytes; offset += 64) __builtin_prefetch(task_blocks + offset, 0, 2);
-      alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep] = {};
-      amx_task(p, packed_x.data(), row, [&](int64_t step) {
-        uint16_t* out = step_rows[step % 2];
-        for (int64_t r = 0; r < rows; ++r)
-          expand_step_to_bf16<Format>(task_blocks + r * w.row_bytes, step, out + r * kValuesPerStep);
-        return std::pair(reinterpret_cast<const char*>(out), int64_t{64});
-      });
-    }
-  }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
+    }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
+    return;
+  }
+  // One x group (a decode step): each step's 64 x 32 values are expanded into L1 just before their
+  // tiles load, into two buffers in turn, so a step's expansion need not wait for the previous
+  // step's loads. A task's blocks are one stretch of memory, read 64 rows abreast: too many streams
+  // for the hardware prefetchers, so the stretch is requested by hand: a thread's first task whole,
+  // and while it computes a task, a share of its next task's lines at every step.
+  const int64_t steps = p.k / kValuesPerStep;
+  const auto task_lines = [&](int64_t task) { return (task_rows(task) * w.row_bytes + 63) / 64; };
+  const auto prefetch_lines = [&](int64_t task, int64_t from, int64_t to) {
+    const uint8_t* blocks = w.blocks + task * kAmxTaskRows * w.row_bytes;
+    for (int64_t line = from; line < to; ++line) __builtin_prefetch(blocks + line * 64, 0, 2);
+  };
+  struct Thread {
+    AmxTiles tiles;  // configured for the thread's tasks, released after them
+    bool first_task = true;
+  };
+  parallel_over_tiles_looking_ahead(tasks, [] { return Thread(); }, [&](Thread& thread, int64_t task, int64_t next) {
+    if (std::exchange(thread.first_task, false)) prefetch_lines(task, 0, task_lines(task));
+    const int64_t row = task * kAmxTaskRows, rows = task_rows(task);
+    const int64_t next_lines = next < tasks ? task_lines(next) : 0;
+    const uint8_t* task_blocks = w.blocks + row * w.row_bytes;
+    alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep] = {};
+    amx_task(p, packed_x.data(), row, [&](int64_t step) {
+      prefetch_lines(next, next_lines * step / steps, next_lines * (step + 1) / steps);
+      uint16_t* out = step_rows[step % 2];
+      for (int64_t r = 0; r < rows; ++r)
+        expand_step_to_bf16<Format>(task_blocks + r * w.row_bytes, step, out + r * kValuesPerStep);
+      return std::pair(reinterpret_cast<const char*>(out), int64_t{64});
+    });
+  });
 }
 #endif
 #endif

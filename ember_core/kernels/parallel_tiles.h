@@ -27,4 +27,20 @@ void parallel_over_tiles(int64_t count, Setup&& setup, Body&& body, int64_t per_
   });
 }
 
+// As parallel_over_tiles, a tile at a time, where a thread takes its next tile before it starts on
+// the current one: body(state, tile, next) knows the tile it will do after this one (count if
+// none), so it can bring that tile's data in from memory while it computes.
+template <typename Setup, typename Body>
+void parallel_over_tiles_looking_ahead(int64_t count, Setup&& setup, Body&& body) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), count), 1, [&](int64_t, int64_t) {
+    auto state = setup();
+    for (int64_t tile = next++; tile < count;) {
+      const int64_t following = std::min(next++, count);
+      body(state, tile, following);
+      tile = following;
+    }
+  });
+}
+
 }  // namespace
