@@ -287,3 +287,14 @@ def test_the_cpu_draw_takes_the_tokens_torchs_cumulative_sums_take() -> None:
         ):
             expected = _draw_with_torch(probs, uniforms)
             assert torch.equal(cpu_ops.ops().inverse_cdf_draw(probs, uniforms), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_takes_argmaxs_token_ties_and_nan_included(dtype: torch.dtype) -> None:
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[1, [5, 900, 49151]] = 50.0  # a tie: the first index wins
+    logits[2] = 0.0  # every token tied
+    logits[3, 77] = float("nan")  # argmax takes a NaN as the maximum
+    logits[4, 49151] = float("inf")
+    requests = [SamplingRequest(SamplingParams(temperature=0), 0) for _ in range(6)]
+    assert [token.token_id for token in sample(logits, requests)] == logits.float().argmax(dim=-1).tolist()
