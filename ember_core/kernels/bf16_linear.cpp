@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -220,16 +221,16 @@ struct AmxTiles {
 
 // x's rows, 16 at a time, as tdpbf16ps's second operand: [groups, k / 32 steps, 16 pairs, 16 rows]
 // of value pairs, each step's 16 x 16 pairs the transpose of x's: one gather per pair and group,
-// rows past m left zero.
-std::vector<uint32_t> pack_x(const Problem& p) {
+// whose masked-off lanes zero the rows past m (so the buffer is not cleared first).
+std::unique_ptr<uint32_t[]> pack_x(const Problem& p) {
   const int64_t groups = (p.m + kAmxRows - 1) / kAmxRows, pairs = p.k / 2;
-  std::vector<uint32_t> packed(groups * pairs * kAmxRows, 0);
+  std::unique_ptr<uint32_t[]> packed(new uint32_t[groups * pairs * kAmxRows]);
   const __m512i row_offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                  _mm512_set1_epi32(static_cast<int>(pairs)));
   for (int64_t group = 0; group < groups; ++group) {
     const __mmask16 rows = static_cast<__mmask16>((1u << std::min(kAmxRows, p.m - group * kAmxRows)) - 1);
     const auto* x = reinterpret_cast<const int*>(p.x) + group * kAmxRows * pairs;
-    uint32_t* out = packed.data() + group * pairs * kAmxRows;
+    uint32_t* out = packed.get() + group * pairs * kAmxRows;
     for (int64_t pair = 0; pair < pairs; ++pair)
       _mm512_storeu_si512(out + pair * kAmxRows,
                           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, row_offsets, x + pair, 4));
@@ -287,7 +288,7 @@ void amx_task(const Problem& p, const uint32_t* packed_x, int64_t row, TileRows&
 
 template <int64_t Format>
 void amx_linear(const Problem& p, const Weight& w) {
-  const std::vector<uint32_t> packed_x = pack_x(p);
+  const std::unique_ptr<uint32_t[]> packed_x = pack_x(p);
   const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows;
   const auto task_rows = [&](int64_t task) { return std::min(kAmxTaskRows, p.n - task * kAmxTaskRows); };
   if (Format == kBF16 || p.m > kAmxRows) {  // rows in place or expanded whole: several x groups reuse them
@@ -295,7 +296,7 @@ void amx_linear(const Problem& p, const Weight& w) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t row = task * kAmxTaskRows;
         const auto* first = reinterpret_cast<const char*>(bf16_rows<Format>(w, p.k, row, kAmxTaskRows, tiles.rows));
-        amx_task(p, packed_x.data(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
+        amx_task(p, packed_x.get(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
       }
     }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
     return;
@@ -320,8 +321,10 @@ void amx_linear(const Problem& p, const Weight& w) {
     const int64_t row = task * kAmxTaskRows, rows = task_rows(task);
     const int64_t next_lines = next < tasks ? task_lines(next) : 0;
     const uint8_t* task_blocks = w.blocks + row * w.row_bytes;
-    alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep] = {};
-    amx_task(p, packed_x.data(), row, [&](int64_t step) {
+    alignas(64) uint16_t step_rows[2][kAmxTaskRows * kValuesPerStep];
+    for (uint16_t* buffer : step_rows)  // a last task's rows past n: zeros, not whatever the stack held
+      std::fill(buffer + rows * kValuesPerStep, buffer + kAmxTaskRows * kValuesPerStep, uint16_t{0});
+    amx_task(p, packed_x.get(), row, [&](int64_t step) {
       prefetch_lines(next, next_lines * step / steps, next_lines * (step + 1) / steps);
       uint16_t* out = step_rows[step % 2];
       for (int64_t r = 0; r < rows; ++r)
