@@ -1,6 +1,7 @@
 """ember's wire protocol (installed as `ember_proto`): see README.md beside this file."""
 
 from ember_proto.messages import (
+    PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
     Abort,
     EngineMessage,
@@ -25,6 +26,7 @@ from ember_proto.messages import (
 from ember_proto.sockets import make_socket
 
 __all__ = [
+    "PROBE_ID_PREFIX",
     "PROTOCOL_VERSION",
     "Abort",
     "EngineMessage",

@@ -10,6 +10,7 @@ from enum import IntEnum
 import msgspec
 
 PROTOCOL_VERSION = 2  # 2: Generate.output_token_ids
+PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
 class _Message(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):

@@ -7,14 +7,14 @@ import uuid
 
 import zmq
 
-from ember_proto import PROTOCOL_VERSION, Hello, Ready, decode_engine_message, encode, make_socket
+from ember_proto import PROBE_ID_PREFIX, PROTOCOL_VERSION, Hello, Ready, decode_engine_message, encode, make_socket
 
 TIMEOUT_MS = 4000
 
 
 def probe(address: str, timeout_ms: int = TIMEOUT_MS) -> bool:
     context = zmq.Context()
-    gateway_id = f"probe-{uuid.uuid4().hex[:8]}"
+    gateway_id = f"{PROBE_ID_PREFIX}{uuid.uuid4().hex[:8]}"
     socket = make_socket(context, zmq.DEALER, address, bind=False, identity=gateway_id.encode())
     try:
         socket.send(encode(Hello(PROTOCOL_VERSION, gateway_id)))

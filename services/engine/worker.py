@@ -24,6 +24,7 @@ from ember_core.core.engine import Engine, RequestDelta
 from ember_core.core.sequence import TokenLogprob
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
+    PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
     Abort,
     EngineStats,
@@ -155,7 +156,8 @@ class EngineWorker:
                                               f"protocol version {message.protocol_version} is not {PROTOCOL_VERSION}"))
                 return
             if identity not in self.gateways.last_sent:  # a gateway may repeat its Hello (see engine_client)
-                logger.info("gateway %s connected", message.gateway_id)
+                probe = message.gateway_id.startswith(PROBE_ID_PREFIX)  # every few seconds, for ever
+                logger.log(logging.DEBUG if probe else logging.INFO, "gateway %s connected", message.gateway_id)
             self.gateways.last_sent[identity] = 0.0
             self._send(identity, self.ready)
         elif isinstance(message, Generate):
@@ -245,7 +247,11 @@ class EngineWorker:
             for request_id in orphans:
                 del self.gateways.owner_of[request_id]
             self.engine.abort(orphans)
-            logger.warning("gateway %s went away; aborted its %d requests in flight", identity.decode(errors="replace"), len(orphans))
+            name = identity.decode(errors="replace")
+            if orphans:
+                logger.warning("gateway %s went away; aborted its %d requests in flight", name, len(orphans))
+            else:  # a health probe done, a gateway scaled away: nothing lost
+                logger.debug("gateway %s went away with no request in flight", name)
 
     def _stats(self) -> EngineStats:
         s = self.engine.stats()
