@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,8 @@ _SOURCES = [
 ]
 _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")
 ISA_ENVIRONMENT_VARIABLE = "EMBER_CPU_ISA"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)  # one instance each (INSTRUCTION_SETS): hashed by identity, cheaply per op call
@@ -173,6 +177,9 @@ def _build(isa: InstructionSet) -> None:
     with open(directory / "ember-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (directory / "lock").unlink(missing_ok=True)
+        library = directory / f"{directory.name}.so"
+        built_before = library.stat().st_mtime_ns if library.exists() else None
+        started = time.monotonic()
         cpp_extension.load(
             name=directory.name,
             sources=[str(source) for source in _SOURCES],
@@ -181,6 +188,10 @@ def _build(isa: InstructionSet) -> None:
             build_directory=str(directory),
             is_python_module=False,
         )
+    if built_before is not None and library.stat().st_mtime_ns == built_before:
+        logger.info("CPU kernels: the %s build loaded from %s", isa.name, directory)
+    else:
+        logger.info("CPU kernels: compiled the %s build in %.0f s into %s", isa.name, time.monotonic() - started, directory)
 
 
 def _fake(
