@@ -28,10 +28,14 @@ needs_compose = pytest.mark.skipif(
 
 
 def nginx_config_for(tmp_path: Path, listen_port: int, gateway_ports: list[int]) -> Path:
-    """The project's nginx.conf with only its ports and paths moved onto this machine's loopback."""
+    """The project's nginx.conf with only its ports and paths moved onto this machine's loopback: the
+    gateways, which Docker's DNS would name, are a server group of the same name on loopback ports
+    (proxy_pass takes a group whose name the variable holds)."""
     text = (DEPLOY / "nginx.conf").read_text()
-    servers = "\n".join(f"        server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in gateway_ports)
-    text, replaced = re.subn(r"^ *server gateway:8000 .*;$", servers, text, flags=re.M)
+    servers = "".join(f"        server 127.0.0.1:{port};\n" for port in gateway_ports)
+    text, replaced = re.subn(r"^ *resolver .*;$", f"    upstream local_gateways {{\n{servers}    }}", text, flags=re.M)
+    assert replaced == 1
+    text, replaced = re.subn(r"set \$gateways gateway:8000;", "set $gateways local_gateways;", text)
     assert replaced == 1
     text, replaced = re.subn(r"listen 8000;", f"listen 127.0.0.1:{listen_port};", text)
     assert replaced == 1
