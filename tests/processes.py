@@ -59,9 +59,10 @@ def engine_argv(model_dir: Path | str, address: str, *extra: str) -> list[str]:
     return ["-m", "ember_engine", "--model", str(model_dir), "--bind", address, "--device", "cpu", "--dtype", "float32", *extra]
 
 
-def http_status(url: str) -> int:
+def http_status(request: str | urllib.request.Request, timeout: float = 2) -> int:
+    """The response's status; 0 when nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code

@@ -39,7 +39,7 @@ class DockerHost:
 
 
 def run(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def succeeds(argv: list[str], timeout: float = 60) -> bool:
@@ -124,11 +124,11 @@ def _bridge_gateway_address() -> str:
 
 def _dockerfile_torch_spec() -> str:
     text = (ROOT / "deploy" / "engine.Dockerfile").read_text()
-    return re.search(r'^ARG TORCH_SPEC="([^"]+)"', text, flags=re.M).group(1)
+    return re.search(r'^ARG TORCH_SPEC="([^"]+)"', text, flags=re.MULTILINE).group(1)
 
 
 class _QuietFileHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args) -> None:
         pass  # pip asks for every dependency too; the 404s are expected
 
 

@@ -11,11 +11,9 @@ import os
 import re
 import signal
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
@@ -61,13 +59,7 @@ def completion_status(stack: Stack) -> int:
         f"{stack.url}/v1/completions", method="POST", headers={"Content-Type": "application/json"},
         data=json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2}).encode(),
     )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status
-    except urllib.error.HTTPError as error:
-        return error.code
-    except OSError:
-        return 0
+    return http_status(request, timeout=30)
 
 
 @pytest.fixture(scope="module")
