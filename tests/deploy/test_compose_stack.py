@@ -143,10 +143,13 @@ def test_scaled_gateways_share_requests_and_scaling_back_loses_none(stack: Stack
     assert all(served(gateway) > before[gateway] for gateway in gateways), "a gateway got no request"
 
     stack.compose("up", "-d", "--scale", "gateway=1")
+    durations = []
     for _ in range(15):  # nginx still holds the removed gateways' addresses for up to 5 s
         started = time.monotonic()
         assert completion_status(stack) == 200
-        assert time.monotonic() - started < 5
+        durations.append(time.monotonic() - started)
+    print(f"\ncompose smoke: after scaling back to 1 gateway, the slowest of 15 requests took {max(durations):.2f} s")
+    assert max(durations) < 5
 
 
 def test_a_killed_engine_process_is_restarted_and_serves_again(stack: Stack) -> None:
