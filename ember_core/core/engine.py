@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,17 +126,15 @@ class Engine:
             raise RequestRejected("the prompt is empty")
         vocab_size = self.loaded.vocab_size
         token_ids = itertools.chain(prompt_token_ids, output_token_ids)
-        bad = next((t for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), None)
-        if bad is not None:
-            raise RequestRejected(f"token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+        if bad := _outside_vocabulary(token_ids, vocab_size):
+            raise RequestRejected(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
         if len(output_token_ids) >= max(params.max_tokens, 1):
             raise RequestRejected(
                 f"{len(output_token_ids)} tokens already generated leave none of max_tokens ({params.max_tokens})"
             )
         for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
-            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-            if bad is not None:
-                raise RequestRejected(f"{name} token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+            if bad := _outside_vocabulary(ids, vocab_size):
+                raise RequestRejected(f"{name} token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
@@ -288,3 +287,9 @@ def _prompt_scoring(seq: Sequence, start: int, num_tokens: int) -> PromptScoring
     if first >= end:
         return None
     return PromptScoring(first - start, seq.prompt_token_ids[first + 1 : end + 1], seq.params.prompt_logprobs)
+
+
+def _outside_vocabulary(token_ids: Iterable[object], vocab_size: int) -> list[object]:
+    """The first id that is not an int in [0, vocab_size), as a one-item list (so that a bad None is
+    told apart from no bad id); empty when every id is one."""
+    return next(([t] for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), [])
