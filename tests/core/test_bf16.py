@@ -18,10 +18,10 @@ from ember_core.layers.linear import BF16_ROWS_FORMAT, GGUF_BLOCK_FORMATS
 from ember_core.loaders import load_model
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
-from tests.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
-from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
-from tests.test_linear import _blocks
-from tests.test_llama_hf import CASES, VOCAB, _hf_model
+from tests.core.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
+from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+from tests.core.test_linear import _blocks
+from tests.core.test_llama_hf import CASES, VOCAB, _hf_model
 
 pytestmark = pytest.mark.usefixtures("kernel")
 BF16_ULP = 2**-8  # bfloat16's relative rounding step

@@ -16,7 +16,7 @@ from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import rope_cos_sin, rope_inv_freq
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
-from tests.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 pytestmark = pytest.mark.usefixtures("kernel")
 

@@ -127,4 +127,6 @@ def test_a_resumed_request_with_no_tokens_left_is_rejected(gpt2_dir) -> None:
         llm.engine.add_request("done", PROMPTS[0], GREEDY, output_token_ids=[1] * 20)
     with pytest.raises(RequestRejected, match="outside the vocabulary"):
         llm.engine.add_request("bad", PROMPTS[0], GREEDY, output_token_ids=[10**6])
+    with pytest.raises(RequestRejected, match="token id None is outside the vocabulary"):
+        llm.engine.add_request("none", [PROMPTS[0][0], None], GREEDY)
     assert_pool_free(llm)

@@ -4,7 +4,7 @@ non-editable install (the Docker images) has it."""
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_package_folder_is_installed() -> None:
