@@ -14,7 +14,7 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, dequantize, iter_gguf_weights
-from ember_core.loaders.load import DtypeChoice, chosen_dtype, materialize
+from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.models.llama import Llama, LlamaConfig
 from ember_core.models.rotary import RopeScaling
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf

@@ -15,7 +15,7 @@ from torch import nn
 
 from ember_core.device import cpu_has_fast_bf16, resolve_dtype
 from ember_core.layers.linear import use_small_batch_linears
-from ember_core.loaders.load import DtypeChoice
+from ember_core.loaders.materialize import DtypeChoice
 
 logger = logging.getLogger(__name__)
 
