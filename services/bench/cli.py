@@ -151,9 +151,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _offline(args: argparse.Namespace) -> int:
-    from ember_bench.offline import (
-        EngineSetting, OfflineConfig, OfflineRun, environment, run_offline, settings_to_compare,
-    )
+    from ember_bench.offline import OfflineConfig, environment, run_offline
+    from ember_bench.offline_runs import EngineSetting, OfflineRun, settings_to_compare
     from ember_bench.report import OFFLINE_HEADER, offline_row, offline_table, write_json
 
     config = OfflineConfig(

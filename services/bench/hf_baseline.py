@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from ember_core.device import resolve_dtype
 from ember_core.loaders.resolve import resolve_model
 
-from ember_bench.offline import EngineSetting, OfflineRun, offline_run
+from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 
 WARMUP_TOKENS = 2
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ember_bench.stats import Distribution
+from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 from ember_bench.workload import BenchRequest, RandomPrompts, take
-from ember_core.config import Admission, Batching, EngineConfig, GGUFWeights
+from ember_core.config import EngineConfig
 from ember_core.core.engine import Engine
 from ember_core.device import resolve_device
 from ember_core.loaders import LoadedModel, load_model
@@ -24,41 +24,7 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.sampling_params import SamplingParams
 from ember_core.tokenizer import Tokenizer
 
-COMPARE_AXES: dict[str, tuple[str | bool, str | bool]] = {
-    "batching": ("continuous", "static"),
-    "admission": ("preempt", "reserve"),
-    "dtype": ("float32", "bfloat16"),
-    "gguf_weights": ("blocks", "dequantized"),
-    "prefix_caching": (True, False),
-}
 WARMUP_TOKENS = 2
-
-
-@dataclass(frozen=True)
-class EngineSetting:
-    batching: Batching = "continuous"
-    admission: Admission = "preempt"
-    dtype: str = "float32"
-    gguf_weights: GGUFWeights = "blocks"
-    prefix_caching: bool = True
-
-    @property
-    def label(self) -> str:
-        label = f"{self.batching}/{self.admission}/{self.dtype}"
-        label = label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
-        return label if self.prefix_caching else f"{label}/no-prefix-cache"
-
-
-def settings_to_compare(baseline: EngineSetting, compare: list[str]) -> list[EngineSetting]:
-    """The baseline, then per compared axis the baseline with only that axis switched."""
-    unknown = [axis for axis in compare if axis not in COMPARE_AXES]
-    if unknown:
-        raise ValueError(f"unknown --compare key {unknown[0]!r}; choose from {', '.join(COMPARE_AXES)}")
-    settings = [baseline]
-    for axis in dict.fromkeys(compare):
-        first, second = COMPARE_AXES[axis]
-        settings.append(replace(baseline, **{axis: second if getattr(baseline, axis) == first else first}))
-    return settings
 
 
 @dataclass(frozen=True)
@@ -78,28 +44,6 @@ class OfflineConfig:
             raise ValueError(f"--rounds needs an integer >= 1, got {self.rounds}")
         if self.transformers and importlib.util.find_spec("transformers") is None:
             raise ValueError("--transformers needs the transformers package (pip install transformers)")
-
-
-@dataclass(frozen=True)
-class OfflineRun:
-    system: str  # "ember" or "transformers"
-    setting: EngineSetting
-    concurrency: int
-    num_requests: int
-    output_tokens: int  # useful tokens only: what the requests asked for
-    duration_s: float
-    output_throughput: float
-    request_throughput: float
-    latency_ms: Distribution  # completion time of each request, from the start of the batch
-    num_preemptions: int | None
-    prefix_cache_hits: int | None = None  # prompt tokens taken from the prefix cache
-    round: int = 1
-
-    @property
-    def name(self) -> str:
-        if self.system == "transformers":
-            return f"transformers static/{self.setting.dtype}"
-        return f"ember {self.setting.label}"
 
 
 def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompts) -> Iterator[OfflineRun]:
@@ -199,23 +143,3 @@ def _drain(engine: Engine, batch: dict[str, tuple[list[int], SamplingParams]]) -
             if delta.finish_reason is not None:
                 latencies.append(time.perf_counter() - start)
     return latencies, output_tokens
-
-
-def offline_run(
-    system: str, setting: EngineSetting, concurrency: int, latencies: list[float], output_tokens: int,
-    duration_s: float, num_preemptions: int | None,
-) -> OfflineRun:
-    latency_ms = Distribution.of(latencies, 1e3)
-    assert latency_ms is not None, "a run has at least one request"
-    return OfflineRun(
-        system=system,
-        setting=setting,
-        concurrency=concurrency,
-        num_requests=len(latencies),
-        output_tokens=output_tokens,
-        duration_s=duration_s,
-        output_throughput=output_tokens / duration_s,
-        request_throughput=len(latencies) / duration_s,
-        latency_ms=latency_ms,
-        num_preemptions=num_preemptions,
-    )

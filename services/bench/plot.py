@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # a bare Figure renders with Agg and never touches a GUI backend
 
-from ember_bench.offline import OfflineRun
+from ember_bench.offline_runs import OfflineRun
 from ember_bench.report import median_runs
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ember_bench.offline_runs import OfflineRun
 from ember_bench.stats import Distribution, ServeMetrics
-
-if TYPE_CHECKING:  # offline.py imports torch; serve reports must not
-    from ember_bench.offline import OfflineRun
 
 WIDTH = 60
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ember_bench.offline import EngineSetting, OfflineRun, settings_to_compare
+from ember_bench.offline_runs import EngineSetting, OfflineRun, settings_to_compare
 from ember_bench.report import median_runs
 from ember_bench.stats import Distribution
 from tests.bench.helpers import read_json, run_bench_cli
