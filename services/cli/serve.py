@@ -13,7 +13,7 @@ import tempfile
 import time
 import urllib.request
 
-from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+from ember_core.engine_args import add_engine_arguments, engine_kwargs_from_args
 from ember_core.log_level import add_log_level_argument
 from ember_gateway.cli import add_gateway_arguments, gateway_options_argv
 

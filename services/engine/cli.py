@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from ember_core.cli import add_engine_arguments, engine_kwargs_from_args
+from ember_core.engine_args import add_engine_arguments, engine_kwargs_from_args
 from ember_core.log_level import add_log_level_argument, configure_logging
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"

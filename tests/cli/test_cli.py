@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ember_core import LLM, cli
-from ember_engine import serve
+from ember_cli import main as cli
+from ember_cli import serve
+from ember_core import LLM
 
 
 def run_ember(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ember_core.cli", *args], check=False, capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "ember_cli", *args], check=False, capture_output=True, text=True, timeout=300, env=env
     )
 
 
@@ -139,8 +140,8 @@ def test_invalid_flag_value_in_the_environment_is_a_one_line_error() -> None:
 
 @pytest.mark.parametrize(
     "command",
-    [["ember_core.cli", "--log-level", "LOUD", "generate", "hi"], ["ember_core.cli", "generate", "--log-level", "LOUD", "hi"],
-     ["ember_core.cli", "bench", "offline", "--log-level", "LOUD"], ["ember_core.cli", "serve", "--log-level", "LOUD"],
+    [["ember_cli", "--log-level", "LOUD", "generate", "hi"], ["ember_cli", "generate", "--log-level", "LOUD", "hi"],
+     ["ember_cli", "bench", "offline", "--log-level", "LOUD"], ["ember_cli", "serve", "--log-level", "LOUD"],
      ["ember_engine", "--log-level", "LOUD"], ["ember_gateway", "--log-level", "LOUD"]],
     ids=["ember", "ember generate", "ember bench offline", "ember serve", "ember-engine", "ember-gateway"],
 )

@@ -59,8 +59,8 @@ def test_bad_settings_are_usage_errors(argv: list[str], monkeypatch: pytest.Monk
 
 
 def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest.MonkeyPatch):
-    from ember_engine.serve import _gateway_argv
-    from ember_engine.serve import build_parser as serve_parser
+    from ember_cli.serve import _gateway_argv
+    from ember_cli.serve import build_parser as serve_parser
 
     monkeypatch.delenv("EMBER_API_KEY", raising=False)
     serve_args = serve_parser().parse_args([

@@ -106,7 +106,7 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
     """`ember serve` with no model argument: the real SmolLM2 GGUF behind a gateway, through the openai SDK."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = ["-m", "ember_core.cli", "serve", "--port", str(port), "--kv-cache-mib", "32", "--dtype", "float32"]
+    argv = ["-m", "ember_cli", "serve", "--port", str(port), "--kv-cache-mib", "32", "--dtype", "float32"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     with spawned(argv, tmp_path / "serve.log") as process:
         offline = LLM(device="cpu", dtype="float32", kv_cache_mib=32)
@@ -154,7 +154,7 @@ def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloa
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
-    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
+    argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
             "--num-blocks", "64", "--block-size", "4"]
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
@@ -181,7 +181,7 @@ def test_with_engine_resume_wait_a_stream_whose_engine_is_killed_goes_on_with_th
 ) -> None:
     port = free_port()
     log = tmp_path / "serve.log"
-    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
+    argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
             "--num-blocks", "64", "--block-size", "4", "--engine-resume-wait", "120"]
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
@@ -206,7 +206,7 @@ def test_with_engine_resume_wait_a_stream_whose_engine_is_killed_goes_on_with_th
 
 def test_ember_serve_stops_when_the_engine_cannot_start(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    argv = ["-m", "ember_core.cli", "serve", "--model", str(tmp_path / "no-such-model"), "--port", str(free_port())]
+    argv = ["-m", "ember_cli", "serve", "--model", str(tmp_path / "no-such-model"), "--port", str(free_port())]
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None, STARTUP_TIMEOUT_S, "serve to give up")
         assert process.returncode == 1
@@ -215,7 +215,7 @@ def test_ember_serve_stops_when_the_engine_cannot_start(tmp_path: Path) -> None:
 
 def test_ember_serve_on_port_0_names_its_port_and_keeps_it_when_the_gateway_restarts(model_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    argv = ["-m", "ember_core.cli", "serve", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
+    argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--port", "0", "--dtype", "float32",
             "--num-blocks", "64", "--block-size", "4"]
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
@@ -239,12 +239,12 @@ def test_ember_serve_on_a_taken_port_stops_at_once_without_saying_ready(tmp_path
     log = tmp_path / "serve.log"
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        with spawned(["-m", "ember_core.cli", "serve", "--port", str(port)], log) as process:
+        with spawned(["-m", "ember_cli", "serve", "--port", str(port)], log) as process:
             wait_until(lambda: process.poll() is not None, 30, "serve to give up")
             assert process.returncode == 1
     text = log.read_text()
     assert text.strip() == f"ember: error: cannot listen on 127.0.0.1:{port}: Address already in use"
-    with spawned(["-m", "ember_core.cli", "serve", "--host", "256.1.1.1"], log) as process:
+    with spawned(["-m", "ember_cli", "serve", "--host", "256.1.1.1"], log) as process:
         wait_until(lambda: process.poll() is not None, 30, "serve to give up")
         assert process.returncode == 1
     assert re.fullmatch(r"ember: error: cannot listen on 256\.1\.1\.1:8000: [A-Z][a-z ]+", log.read_text().strip())

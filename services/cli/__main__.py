@@ -1,0 +1,3 @@
+from ember_cli.main import main
+
+main()
