@@ -1,4 +1,4 @@
-"""Decode-attention candidates timed on SmolLM2-135M shapes: `python -m ember_core.kernels.bench_attention`.
+"""Decode-attention candidates timed on SmolLM2-135M shapes: `python -m ember_bench.kernel_attention`.
 
 A step is one call per layer, each layer with its own K/V cache, so the K/V come from memory as
 they do in a real decode step (one layer's cache would stay hot in L2/L3). Candidates run in

@@ -1,4 +1,4 @@
-"""Linear-layer candidates timed on SmolLM2-135M shapes: `python -m ember_core.kernels.bench_linear`.
+"""Linear-layer candidates timed on SmolLM2-135M shapes: `python -m ember_bench.kernel_linear`.
 
 A step is the 120 layer matmuls (fused QKV, O, gate+up, down for 30 layers) plus the 49152 x 576
 LM head, each layer with its own weights, so they stream from memory as in a real decode step.

@@ -85,18 +85,6 @@ def test_engine_serves_float32_cpu_models_through_the_kernel(gpt2_llm) -> None:
     assert linears and all(isinstance(m, SmallBatchLinear) for m in linears)
 
 
-@pytest.mark.usefixtures("kernel")
-def test_bench_linear_times_every_candidate(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from ember_core.kernels import bench_linear
-
-    monkeypatch.setattr("sys.argv", ["bench_linear", "--batches", "2", "--repeats", "1"])
-    bench_linear.main()
-    row = capsys.readouterr().out.splitlines()[-1]
-    assert row.startswith("batch    2")
-    for name in bench_linear.candidates():
-        assert f"{name}:" in row
-
-
 # --- GGUF blocks --------------------------------------------------------------------------------
 
 Q = gguf.GGMLQuantizationType
