@@ -9,7 +9,8 @@ from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.core.engine import Engine, EngineStats
-from ember_core.core.sequence import FinishReason, TokenLogprob
+from ember_core.core.sequence import TokenLogprob
+from ember_proto import FinishReason
 from ember_core.sampling_params import SamplingParams, choice_seed
 from ember_core.tokenizer import OutputText, StopRules
 

@@ -17,10 +17,16 @@ class _Message(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, ta
     pass
 
 
-class WireFinishReason(IntEnum):
-    STOP = 1
-    LENGTH = 2
+class FinishReason(IntEnum):
+    """Why a request ended: one enum for the engine, the wire and the gateway."""
+
+    STOP = 1  # EOS or a stop token id
+    LENGTH = 2  # max_tokens, the model context, or a KV pool too small for the sequence
     ABORT = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 class RejectCode(IntEnum):
@@ -113,7 +119,7 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     new_token_ids: list[int]
     num_prompt_tokens: int
     logprobs: list[TokenLogprobs] = []
-    finish_reason: WireFinishReason | None = None
+    finish_reason: FinishReason | None = None
     prompt_logprobs: list[TokenLogprobs] = []  # of prompt tokens 1, 2, ..., with the first new token
 
 

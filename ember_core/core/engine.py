@@ -14,7 +14,7 @@ import torch
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
 from ember_core.core.scheduler import Scheduler, SchedulerOutput
-from ember_core.core.sequence import FinishReason, Sequence, TokenLogprob
+from ember_core.core.sequence import Sequence, TokenLogprob
 from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
@@ -23,6 +23,7 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
+from ember_proto import FinishReason
 
 logger = logging.getLogger(__name__)
 

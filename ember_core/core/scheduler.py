@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from ember_core.cache.block_manager import BlockManager, extend_block_hashes
 from ember_core.config import Admission, Batching
-from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
+from ember_core.core.sequence import Sequence, SequenceStatus
+from ember_proto import FinishReason
 
 
 @dataclass

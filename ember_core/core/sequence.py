@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import Enum
 
 from ember_core.sampling_params import SamplingParams
-
-
-class FinishReason(IntEnum):
-    STOP = 1  # EOS or a stop token id
-    LENGTH = 2  # max_tokens, the model context, or a KV pool too small for the sequence
-    ABORT = 3
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
+from ember_proto import FinishReason
 
 
 class SequenceStatus(Enum):

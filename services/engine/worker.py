@@ -33,11 +33,10 @@ from ember_proto import (
     Hello,
     ModelCard,
     Ready,
-    Rejected,
     RejectCode,
+    Rejected,
     StepOutputs,
     TokenLogprobs,
-    WireFinishReason,
     decode_gateway_message,
     encode,
     make_socket,
@@ -256,8 +255,13 @@ class EngineWorker:
     def _stats(self) -> EngineStats:
         s = self.engine.stats()
         return EngineStats(
-            s.num_running, s.num_waiting, s.num_blocks - s.num_free_blocks, s.num_blocks, s.num_preemptions,
-            s.prefix_cache_queries, s.prefix_cache_hits,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_kv_blocks_used=s.num_blocks - s.num_free_blocks,
+            num_kv_blocks_total=s.num_blocks,
+            num_preemptions=s.num_preemptions,
+            num_prefix_cache_queries=s.prefix_cache_queries,
+            num_prefix_cache_hits=s.prefix_cache_hits,
         )
 
     def _send(self, identity: bytes, message) -> None:
@@ -275,14 +279,13 @@ class EngineWorker:
 
 
 def _to_wire(delta: RequestDelta) -> WireDelta:
-    reason = WireFinishReason(int(delta.finish_reason)) if delta.finish_reason is not None else None
     return WireDelta(
-        delta.request_id,
-        delta.new_token_ids,
-        delta.num_prompt_tokens,
-        _wire_logprobs(delta.new_logprobs),
-        reason,
-        _wire_logprobs(delta.prompt_logprobs),
+        request_id=delta.request_id,
+        new_token_ids=delta.new_token_ids,
+        num_prompt_tokens=delta.num_prompt_tokens,
+        logprobs=_wire_logprobs(delta.new_logprobs),
+        finish_reason=delta.finish_reason,
+        prompt_logprobs=_wire_logprobs(delta.prompt_logprobs),
     )
 
 

@@ -16,9 +16,7 @@ from ember_core.tokenizer import OutputText, StopRules
 from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
 from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.metrics import GatewayMetrics
-from ember_proto import Generate, RequestDelta, SamplingOptions, TokenLogprobs, WireFinishReason
-
-_FINISH_REASONS = {WireFinishReason.STOP: "stop", WireFinishReason.LENGTH: "length"}
+from ember_proto import FinishReason, Generate, RequestDelta, SamplingOptions, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -134,7 +132,7 @@ class Generation:
                 if item.status == 503:
                     raise engine_unavailable(item.message)
                 raise ApiError(item.status, item.message, type=_error_type(item.status))
-            if item.finish_reason == WireFinishReason.ABORT:
+            if item.finish_reason == FinishReason.ABORT:
                 raise self._timeout_error() if self._past_deadline() else ApiError(
                     503, "the engine aborted the request", type="service_unavailable_error"
                 )
@@ -156,12 +154,12 @@ class Generation:
         choice = self._choices[index]
         token_ids = delta.new_token_ids
         final = delta.finish_reason is not None
-        match = choice.text.push(token_ids, final, stop_token=delta.finish_reason == WireFinishReason.STOP)
+        match = choice.text.push(token_ids, final, stop_token=delta.finish_reason == FinishReason.STOP)
         if match.stopped:
-            finish_reason: str | None = "stop"
+            finish_reason: str | None = FinishReason.STOP.label
             self._client.release([choice.request_id])
         else:
-            finish_reason = _FINISH_REASONS[delta.finish_reason] if final else None
+            finish_reason = delta.finish_reason.label if final else None  # an abort ended the request before
         if token_ids:
             self._record_tokens(choice, len(token_ids), step_started_at)
         if finish_reason is not None:

@@ -16,15 +16,15 @@ from ember_core import SamplingParams
 from ember_proto import (
     PROTOCOL_VERSION,
     Abort,
+    FinishReason,
     Generate,
     Heartbeat,
     Hello,
     Ready,
-    Rejected,
     RejectCode,
+    Rejected,
     SamplingOptions,
     StepOutputs,
-    WireFinishReason,
     decode_engine_message,
     encode,
     make_socket,
@@ -121,7 +121,7 @@ def test_tokens_equal_the_offline_engine(engine, context, gpt2_llm) -> None:
     offline = gpt2_llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     for i, out in enumerate(offline):
         assert results[f"r{i}"]["tokens"] == out.token_ids
-        assert results[f"r{i}"]["finish"] is WireFinishReason.LENGTH
+        assert results[f"r{i}"]["finish"] is FinishReason.LENGTH
 
 
 def test_malformed_messages_are_dropped_and_the_engine_keeps_serving(engine, context) -> None:
@@ -175,7 +175,7 @@ def test_abort_frees_the_blocks_within_a_step(engine, context) -> None:
     client.send(Abort(["long"]))
     client.generate("probe", [1, 2, 3], max_tokens=2, temperature=0, ignore_eos=True)
     results, steps = client.collect({"long", "probe"})
-    assert results["long"]["finish"] is WireFinishReason.ABORT
+    assert results["long"]["finish"] is FinishReason.ABORT
     abort_step = next(s.step for s in steps for d in s.outputs if d.request_id == "long" and d.finish_reason)
     probe_step = next(s.step for s in steps for d in s.outputs if d.request_id == "probe")
     assert abort_step <= probe_step
@@ -190,8 +190,8 @@ def test_deadline_aborts_the_request(engine, context) -> None:
     client.send(Generate("late", [1, 2, 3], sampling, time.time(), time.time() - 1))
     client.send(Generate("in time", [1, 2, 3], sampling, time.time(), time.time() + 600))
     results, steps = client.collect({"late", "in time"})
-    assert results["late"]["finish"] is WireFinishReason.ABORT and results["late"]["tokens"] == []
-    assert results["in time"]["finish"] is WireFinishReason.LENGTH and len(results["in time"]["tokens"]) == 240
+    assert results["late"]["finish"] is FinishReason.ABORT and results["late"]["tokens"] == []
+    assert results["in time"]["finish"] is FinishReason.LENGTH and len(results["in time"]["tokens"]) == 240
     assert steps[-1].stats.num_kv_blocks_used == 0
 
 
@@ -226,7 +226,7 @@ def test_sigterm_stops_admitting_aborts_in_flight_after_the_timeout_and_exits_0(
         client.generate("new", [1, 2, 3], max_tokens=2)
         results, _ = client.collect({"inflight", "new"})
         assert results["new"]["rejected"].code is RejectCode.UNAVAILABLE
-        assert results["inflight"]["finish"] in (WireFinishReason.ABORT, WireFinishReason.LENGTH)
+        assert results["inflight"]["finish"] in (FinishReason.ABORT, FinishReason.LENGTH)
         assert stop_process(process) == 0
 
 

@@ -22,17 +22,17 @@ from ember_proto import (
     PROTOCOL_VERSION,
     Abort,
     EngineStats,
+    FinishReason,
     Generate,
     Heartbeat,
     Hello,
     ModelCard,
     Ready,
-    Rejected,
     RejectCode,
+    Rejected,
     RequestDelta,
     StepOutputs,
     TokenLogprobs,
-    WireFinishReason,
     decode_gateway_message,
     encode,
     make_socket,
@@ -177,9 +177,9 @@ class FakeEngine:
             running.produced += 1
             finish = None
             if token in sampling.stop_token_ids:
-                finish = WireFinishReason.STOP
+                finish = FinishReason.STOP
             elif running.produced >= sampling.max_tokens:
-                finish = WireFinishReason.LENGTH
+                finish = FinishReason.LENGTH
             logprobs = []
             if sampling.logprobs is not None:
                 top = [(token, -0.25), ((token + 1) % self.vocab_size, -1.5)][: sampling.logprobs]
