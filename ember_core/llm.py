@@ -8,11 +8,11 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
-from ember_core.core.engine import Engine, EngineStats
+from ember_core.core.engine import Engine
 from ember_core.core.sequence import TokenLogprob
-from ember_proto import FinishReason
 from ember_core.sampling_params import SamplingParams, choice_seed
 from ember_core.tokenizer import OutputText, StopRules
+from ember_proto import EngineStats, FinishReason
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 

@@ -59,5 +59,5 @@ def token_prompts(count: int, vocab_size: int = 384, seed: int = 1, min_len: int
 
 def assert_pool_free(llm) -> None:
     stats = llm.stats()
-    assert stats.num_free_blocks == stats.num_blocks
+    assert stats.num_kv_blocks_used == 0
     assert stats.num_running == stats.num_waiting == 0

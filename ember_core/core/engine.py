@@ -23,7 +23,7 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
-from ember_proto import FinishReason
+from ember_proto import EngineStats, FinishReason
 
 logger = logging.getLogger(__name__)
 
@@ -42,17 +42,6 @@ class RequestDelta:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # with the first token, when asked
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_blocks: int
-    num_free_blocks: int
-    num_preemptions: int
-    num_running: int
-    num_waiting: int
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache at admission
-    prefix_cache_hits: int  # of those, the ones found there and not computed again
 
 
 class Engine:
@@ -162,14 +151,15 @@ class Engine:
         return bool(self._sequences) or bool(self._aborted)
 
     def stats(self) -> EngineStats:
+        """The engine's counters as the wire carries them to the gateways' metrics."""
         return EngineStats(
-            num_blocks=self.block_manager.num_blocks,
-            num_free_blocks=self.block_manager.num_free_blocks,
-            num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            prefix_cache_queries=self.scheduler.num_prefix_queries,
-            prefix_cache_hits=self.scheduler.num_prefix_hits,
+            num_kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+            num_kv_blocks_total=self.block_manager.num_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prefix_cache_queries=self.scheduler.num_prefix_queries,
+            num_prefix_cache_hits=self.scheduler.num_prefix_hits,
         )
 
     def step(self) -> list[RequestDelta]:

@@ -126,7 +126,7 @@ def _run_ember(
     after = engine.stats()
     return replace(
         offline_run("ember", setting, concurrency, latencies, output_tokens, duration_s, after.num_preemptions - before.num_preemptions),
-        prefix_cache_hits=after.prefix_cache_hits - before.prefix_cache_hits,
+        prefix_cache_hits=after.num_prefix_cache_hits - before.num_prefix_cache_hits,
     )
 
 

@@ -27,7 +27,6 @@ from ember_proto import (
     PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
     Abort,
-    EngineStats,
     Generate,
     Heartbeat,
     Hello,
@@ -216,7 +215,7 @@ class EngineWorker:
             if delta.finish_reason is not None:
                 del self.gateways.owner_of[delta.request_id]
             by_gateway.setdefault(owner, []).append(_to_wire(delta))
-        stats = self._stats()
+        stats = self.engine.stats()
         for identity, outputs in by_gateway.items():
             self._send(identity, StepOutputs(self.step_counter, outputs, stats))
 
@@ -233,7 +232,7 @@ class EngineWorker:
         # A copy: the other thread may add or drop gateways meanwhile.
         due = [g for g, sent in list(self.gateways.last_sent.items()) if now - sent >= self.options.heartbeat_interval]
         if due:
-            heartbeat = Heartbeat(self.engine_id, self._stats())
+            heartbeat = Heartbeat(self.engine_id, self.engine.stats())
             for identity in due:
                 self._send(identity, heartbeat)
 
@@ -251,18 +250,6 @@ class EngineWorker:
                 logger.warning("gateway %s went away; aborted its %d requests in flight", name, len(orphans))
             else:  # a health probe done, a gateway scaled away: nothing lost
                 logger.debug("gateway %s went away with no request in flight", name)
-
-    def _stats(self) -> EngineStats:
-        s = self.engine.stats()
-        return EngineStats(
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            num_kv_blocks_used=s.num_blocks - s.num_free_blocks,
-            num_kv_blocks_total=s.num_blocks,
-            num_preemptions=s.num_preemptions,
-            num_prefix_cache_queries=s.prefix_cache_queries,
-            num_prefix_cache_hits=s.prefix_cache_hits,
-        )
 
     def _send(self, identity: bytes, message) -> None:
         if identity in self.gateways.last_sent:

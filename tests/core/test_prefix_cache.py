@@ -106,8 +106,8 @@ def test_a_shared_prefix_is_computed_once_with_the_same_tokens(gpt2_dir) -> None
         assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-5)
     # The second and third prompts find the first's two full blocks (32 of the 40 shared tokens).
     stats = cached.stats()
-    assert (stats.prefix_cache_hits, stats.prefix_cache_queries) == (2 * 32, sum(map(len, prompts)))
-    assert uncached.stats().prefix_cache_hits == 0
+    assert (stats.num_prefix_cache_hits, stats.num_prefix_cache_queries) == (2 * 32, sum(map(len, prompts)))
+    assert uncached.stats().num_prefix_cache_hits == 0
     assert_pool_free(cached)
 
 
@@ -122,7 +122,7 @@ def test_prompts_admitted_in_one_step_compute_their_shared_prefix_once(gpt2_dir,
     for a, b in zip(together, without):
         assert a.token_ids == b.token_ids
         assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-5)
-    assert cached.stats().prefix_cache_hits == 2 * 32
+    assert cached.stats().num_prefix_cache_hits == 2 * 32
     assert_pool_free(cached)
 
 
@@ -131,7 +131,7 @@ def test_the_choices_of_a_request_compute_its_prompt_once(gpt2_dir) -> None:
     cached, uncached = make_llm(gpt2_dir, True), make_llm(gpt2_dir, False)
     choices = [c.token_ids for c in cached.generate([PREFIX], params)[0].outputs]
     assert choices == [c.token_ids for c in uncached.generate([PREFIX], params)[0].outputs]
-    assert cached.stats().prefix_cache_hits == 2 * 32  # choices 1 and 2 compute only their last 8 tokens
+    assert cached.stats().num_prefix_cache_hits == 2 * 32  # choices 1 and 2 compute only their last 8 tokens
     assert_pool_free(cached)
 
 
@@ -140,21 +140,21 @@ def test_a_repeated_prompt_computes_only_its_last_token_block(gpt2_dir) -> None:
     prompt = PREFIX[:32]  # whole blocks: the last one is computed again for its last token's logits
     first, second = (outputs(llm, [prompt])[0] for _ in range(2))
     assert first == second  # the same prompt: the same bits
-    assert llm.stats().prefix_cache_hits == 28
+    assert llm.stats().num_prefix_cache_hits == 28
     # Decoded tokens are cached too, so a chat's next turn starts from them. (Tokens only: K/V
     # computed in decode steps and in a prompt differ in their last bits.)
     third = llm.generate([prompt + first[0][:5]], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
     assert third.token_ids == first[0][5:]
-    assert llm.stats().prefix_cache_hits == 28 + 36
+    assert llm.stats().num_prefix_cache_hits == 28 + 36
 
 
 def test_scoring_a_prompt_computes_all_of_it(gpt2_dir) -> None:
     params = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2)
     cached, uncached = make_llm(gpt2_dir, True), make_llm(gpt2_dir, False)
     outputs(cached, [PREFIX])
-    hits = cached.stats().prefix_cache_hits
+    hits = cached.stats().num_prefix_cache_hits
     scored = outputs(cached, [PREFIX], params)[0]
-    assert cached.stats().prefix_cache_hits == hits
+    assert cached.stats().num_prefix_cache_hits == hits
     assert len(scored[2]) == len(PREFIX) - 1
     assert scored == outputs(uncached, [PREFIX], params)[0]
 
@@ -171,7 +171,7 @@ def test_shared_prefixes_under_preemption_and_eviction_give_each_prompt_its_own_
         assert [o.token_ids for o in llm.generate(prompts, params)] == expected
         assert_pool_free(llm)
     stats = llm.stats()
-    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert stats.num_preemptions > 0 and stats.num_prefix_cache_hits > 0
 
 
 def test_reset_forgets_every_cached_prefix(gpt2_dir) -> None:
@@ -179,4 +179,4 @@ def test_reset_forgets_every_cached_prefix(gpt2_dir) -> None:
     expected = outputs(llm, [PREFIX])
     llm.reset_prefix_cache()
     assert outputs(llm, [PREFIX]) == expected
-    assert llm.stats().prefix_cache_hits == 0
+    assert llm.stats().num_prefix_cache_hits == 0

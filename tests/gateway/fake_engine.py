@@ -200,7 +200,15 @@ class FakeEngine:
             self._send(gateway, StepOutputs(self._step, outputs, self._stats()))
 
     def _stats(self) -> EngineStats:
-        return EngineStats(len(self._running), 0, 2 * len(self._running), 100, 3, 64, 48)
+        return EngineStats(
+            num_running=len(self._running),
+            num_waiting=0,
+            num_kv_blocks_used=2 * len(self._running),
+            num_kv_blocks_total=100,
+            num_preemptions=3,
+            num_prefix_cache_queries=64,
+            num_prefix_cache_hits=48,
+        )
 
     def _send(self, gateway: bytes, message: object) -> None:
         assert self._socket is not None
