@@ -9,10 +9,9 @@ from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.core.engine import Engine
-from ember_core.core.sequence import TokenLogprob
 from ember_core.sampling_params import SamplingParams, choice_seed
 from ember_core.tokenizer import OutputText, StopRules
-from ember_proto import EngineStats, FinishReason
+from ember_proto import EngineStats, FinishReason, TokenLogprob
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 
@@ -154,7 +153,7 @@ class LLM:
                         continue  # the abort of an output a stop string ended
                     out.token_ids.extend(delta.new_token_ids)
                     if out.logprobs is not None:
-                        out.logprobs.extend(delta.new_logprobs)
+                        out.logprobs.extend(delta.logprobs)
                     if choice.request.prompt_logprobs is not None:
                         choice.request.prompt_logprobs.extend(delta.prompt_logprobs)
                     final = delta.finish_reason is not None

@@ -9,7 +9,7 @@ from enum import IntEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # 2: Generate.output_token_ids
+PROTOCOL_VERSION = 3  # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -108,19 +108,23 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     num_prefix_cache_hits: int = 0
 
 
-class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
-    logprob: float
-    top_token_ids: list[int]
-    top_logprobs: list[float]
+class TokenLogprob(msgspec.Struct, array_like=True, gc=False):
+    """A token, its logprob and the most likely tokens at its position as (token id, logprob), most
+    likely first: one shape from the sampler to the SSE writer. The sampler gives every token it
+    draws in this shape, the logprob None where the request asked for none (never so on the wire)."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = []
 
 
 class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     new_token_ids: list[int]
     num_prompt_tokens: int
-    logprobs: list[TokenLogprobs] = []
+    logprobs: list[TokenLogprob] = []
     finish_reason: FinishReason | None = None
-    prompt_logprobs: list[TokenLogprobs] = []  # of prompt tokens 1, 2, ..., with the first new token
+    prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1, 2, ..., with the first new token
 
 
 class StepOutputs(_Message):

@@ -7,41 +7,28 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
 from ember_core.core.scheduler import Scheduler, SchedulerOutput
-from ember_core.core.sequence import Sequence, TokenLogprob
+from ember_core.core.sequence import Sequence
 from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
-from ember_core.runner.inputs import PromptScoring, SampledToken, SamplingRequest, SequenceChunk
+from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
-from ember_proto import EngineStats, FinishReason
+from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 
 class RequestRejected(ValueError):
     """A request that can never run: bad token ids, too long for the context or the KV pool."""
-
-
-@dataclass(frozen=True)
-class RequestDelta:
-    """What one step produced for one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprob]
-    finish_reason: FinishReason | None
-    num_prompt_tokens: int
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # with the first token, when asked
 
 
 class Engine:
@@ -145,7 +132,7 @@ class Engine:
             seq = self._sequences.pop(request_id, None)
             if seq is not None:
                 self.scheduler.finish(seq, FinishReason.ABORT)
-                self._aborted.append(RequestDelta(request_id, [], [], FinishReason.ABORT, seq.num_prompt_tokens))
+                self._aborted.append(_delta(seq, [], [], []))
 
     def has_unfinished(self) -> bool:
         return bool(self._sequences) or bool(self._aborted)
@@ -173,7 +160,7 @@ class Engine:
         for seq, num_tokens, result in zip(decision.seqs, decision.num_scheduled_tokens, results):
             seq.num_computed_tokens += num_tokens
             self.scheduler.cache_computed_blocks(seq)
-            seq.prompt_logprobs.extend(TokenLogprob(t.logprob, t.top_logprobs) for t in result.prompt_logprobs)
+            seq.prompt_logprobs.extend(result.prompt_logprobs)
             if result.sampled is not None:
                 deltas.append(self._append_token(seq, result.sampled))
             elif seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
@@ -208,16 +195,14 @@ class Engine:
             )
         return chunks
 
-    def _append_token(self, seq: Sequence, token: SampledToken) -> RequestDelta:
+    def _append_token(self, seq: Sequence, token: TokenLogprob) -> RequestDelta:
         seq.token_ids.append(token.token_id)
-        logprobs = []
-        if token.logprob is not None:
-            logprobs.append(TokenLogprob(token.logprob, token.top_logprobs))
-            seq.logprobs.append(logprobs[0])
+        logprobs = [token] if token.logprob is not None else []
+        seq.logprobs.extend(logprobs)
         prompt_logprobs = seq.prompt_logprobs if seq.num_output_tokens == 1 else []
         reason = self._stop_reason(seq, token.token_id)
         if reason is None:
-            return RequestDelta(seq.request_id, [token.token_id], logprobs, None, seq.num_prompt_tokens, prompt_logprobs)
+            return _delta(seq, [token.token_id], logprobs, prompt_logprobs)
         self.scheduler.finish(seq, reason)
         return self._finished_delta(seq, [token.token_id], logprobs, prompt_logprobs)
 
@@ -225,9 +210,7 @@ class Engine:
         self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None
     ) -> RequestDelta:
         self._sequences.pop(seq.request_id, None)
-        return RequestDelta(
-            seq.request_id, new_token_ids, logprobs or [], seq.finish_reason, seq.num_prompt_tokens, prompt_logprobs or []
-        )
+        return _delta(seq, new_token_ids, logprobs or [], prompt_logprobs or [])
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
@@ -284,3 +267,17 @@ def _outside_vocabulary(token_ids: Iterable[object], vocab_size: int) -> list[ob
     """The first id that is not an int in [0, vocab_size), as a one-item list (so that a bad None is
     told apart from no bad id); empty when every id is one."""
     return next(([t] for t in token_ids if not (isinstance(t, int) and 0 <= t < vocab_size)), [])
+
+
+def _delta(
+    seq: Sequence, new_token_ids: list[int], logprobs: list[TokenLogprob], prompt_logprobs: list[TokenLogprob]
+) -> RequestDelta:
+    """What one step produced for one request (its finish reason once it has one)."""
+    return RequestDelta(
+        request_id=seq.request_id,
+        new_token_ids=new_token_ids,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        logprobs=logprobs,
+        finish_reason=seq.finish_reason,
+        prompt_logprobs=prompt_logprobs,
+    )

@@ -6,19 +6,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ember_core.sampling_params import SamplingParams
-from ember_proto import FinishReason
+from ember_proto import FinishReason, TokenLogprob
 
 
 class SequenceStatus(Enum):
     WAITING = 1
     RUNNING = 2
     FINISHED = 3
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    logprob: float
-    top_logprobs: tuple[tuple[int, float], ...]
 
 
 @dataclass(eq=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember_core.sampling_params import SamplingParams
+from ember_proto import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,6 @@ class SequenceChunk:
 
 
 @dataclass(frozen=True)
-class SampledToken:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
 class ChunkResult:
-    sampled: SampledToken | None  # None for a prompt chunk that does not reach the end
-    prompt_logprobs: list[SampledToken]  # one per scored row, in order
+    sampled: TokenLogprob | None  # None for a prompt chunk that does not reach the end
+    prompt_logprobs: list[TokenLogprob]  # one per scored row, in order

@@ -14,8 +14,9 @@ from ember_core.layers.attention import AttentionMetadata, PagedAttention, Prefi
 from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.linear import SMALL_BATCH_ROWS, use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
-from ember_core.runner.inputs import ChunkResult, SampledToken, SequenceChunk
+from ember_core.runner.inputs import ChunkResult, SequenceChunk
 from ember_core.runner.sampler import sample, scored_tokens
+from ember_proto import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class ModelRunner:
         hidden = self.forward_hidden(chunks)
         token_starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
         sampling_chunks = [i for i, c in enumerate(chunks) if c.sampling is not None]
-        sampled: dict[int, SampledToken] = {}
+        sampled: dict[int, TokenLogprob] = {}
         if sampling_chunks:
             logits = self.model.compute_logits(hidden[[token_starts[i + 1] - 1 for i in sampling_chunks]])
             sampled = dict(zip(sampling_chunks, sample(logits, [chunks[i].sampling for i in sampling_chunks])))
@@ -137,7 +138,7 @@ class ModelRunner:
             for i, c in enumerate(chunks)
         ]
 
-    def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[SampledToken]:
+    def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:
         rows, next_ids, num_top = [], [], []
         for chunk, token_start in zip(chunks, token_starts):
             if chunk.scoring is not None:

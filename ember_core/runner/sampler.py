@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from ember_core.kernels import cpu_ops
-from ember_core.runner.inputs import SampledToken, SamplingRequest
+from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.penalties import apply_penalties_and_bias_
 from ember_core.sampling_params import SamplingParams
+from ember_proto import TokenLogprob
 
 _MASK64 = (1 << 64) - 1
 # top-k / top-p rows look for their candidates among this many most likely tokens first; only a
@@ -115,7 +116,7 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
     return token_ids
 
 
-def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
+def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenLogprob]:
     """Logprobs are the model's own (before penalties, logit_bias and min_tokens bans, as vLLM
     reports them), so a token scores the same generated as in an echoed prompt."""
     raw = logits.float()
@@ -141,20 +142,20 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[Sample
     return _with_logprobs(raw, token_ids, requests)
 
 
-def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[SampledToken]:
+def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:
     """Each row's token with its logprob and the row's num_top most likely (token, logprob)."""
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
     top_values, top_ids = logprobs.topk(min(max(num_top, default=0), logits.shape[1]), dim=-1)
     top_values, top_ids = top_values.tolist(), top_ids.tolist()
     return [
-        SampledToken(token_id, chosen[i], tuple(zip(top_ids[i][:n], top_values[i][:n])))
+        TokenLogprob(token_id, chosen[i], list(zip(top_ids[i][:n], top_values[i][:n])))
         for i, (token_id, n) in enumerate(zip(token_ids.tolist(), num_top))
     ]
 
 
-def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, requests: list[SamplingRequest]) -> list[SampledToken]:
-    result = [SampledToken(token_id) for token_id in token_ids.tolist()]
+def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenLogprob]:
+    result = [TokenLogprob(token_id) for token_id in token_ids.tolist()]
     rows = [row for row, req in enumerate(requests) if req.params.logprobs is not None]
     if rows:
         scored = scored_tokens(logits[rows], token_ids[rows], [requests[row].params.logprobs or 0 for row in rows])

@@ -10,10 +10,9 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
 from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 from ember_core.log_level import add_log_level_argument, configure_logging
-
-from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
 
 ENGINE_FLAGS = ("block_size", "num_blocks", "kv_cache_mib", "kv_cache_dtype", "max_num_batched_tokens", "max_model_len", "device")
 

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 from ember_core.device import resolve_dtype
 from ember_core.loaders.resolve import resolve_model
-
-from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 
 WARMUP_TOKENS = 2
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from ember_core.core.engine import Engine, RequestDelta
-from ember_core.core.sequence import TokenLogprob
+from ember_core.core.engine import Engine
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
     PROBE_ID_PREFIX,
@@ -34,13 +33,12 @@ from ember_proto import (
     Ready,
     RejectCode,
     Rejected,
+    RequestDelta,
     StepOutputs,
-    TokenLogprobs,
     decode_gateway_message,
     encode,
     make_socket,
 )
-from ember_proto import RequestDelta as WireDelta
 
 logger = logging.getLogger(__name__)
 
@@ -207,14 +205,14 @@ class EngineWorker:
         finally:
             self.stepping = False
         self.step_counter += 1
-        by_gateway: dict[bytes, list[WireDelta]] = {}
+        by_gateway: dict[bytes, list[RequestDelta]] = {}
         for delta in deltas:
             owner = self.gateways.owner_of.get(delta.request_id)
             if owner is None:
                 continue
             if delta.finish_reason is not None:
                 del self.gateways.owner_of[delta.request_id]
-            by_gateway.setdefault(owner, []).append(_to_wire(delta))
+            by_gateway.setdefault(owner, []).append(delta)
         stats = self.engine.stats()
         for identity, outputs in by_gateway.items():
             self._send(identity, StepOutputs(self.step_counter, outputs, stats))
@@ -263,18 +261,3 @@ class EngineWorker:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
                 self.lost_gateways.add(identity)
-
-
-def _to_wire(delta: RequestDelta) -> WireDelta:
-    return WireDelta(
-        request_id=delta.request_id,
-        new_token_ids=delta.new_token_ids,
-        num_prompt_tokens=delta.num_prompt_tokens,
-        logprobs=_wire_logprobs(delta.new_logprobs),
-        finish_reason=delta.finish_reason,
-        prompt_logprobs=_wire_logprobs(delta.prompt_logprobs),
-    )
-
-
-def _wire_logprobs(entries: list[TokenLogprob]) -> list[TokenLogprobs]:
-    return [TokenLogprobs(lp.logprob, [t for t, _ in lp.top_logprobs], [v for _, v in lp.top_logprobs]) for lp in entries]

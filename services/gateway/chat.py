@@ -11,11 +11,12 @@ from aiohttp import web
 from ember_core.tokenizer import Tokenizer
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
-from ember_gateway.generation import ChoiceUpdate, TokenLogprob
+from ember_gateway.generation import ChoiceUpdate
 from ember_gateway.logprobs import chat_logprobs
 from ember_gateway.plans import build_plans, stop_rules
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import ChatCompletionRequest, ChatMessage
+from ember_proto import TokenLogprob
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:

@@ -8,15 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from ember_core.tokenizer import Tokenizer
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
-from ember_gateway.generation import ChoiceUpdate, TokenLogprob
+from ember_gateway.generation import ChoiceUpdate
 from ember_gateway.logprobs import TextOffsets, completion_logprobs, echoed_prompt_logprobs
 from ember_gateway.plans import build_plans, stop_rules
 from ember_gateway.respond import ChoiceResult, accept, respond
 from ember_gateway.schemas import CompletionRequest
-
-from ember_core.tokenizer import Tokenizer
+from ember_proto import TokenLogprob
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 

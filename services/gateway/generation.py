@@ -16,7 +16,7 @@ from ember_core.tokenizer import OutputText, StopRules
 from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
 from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.metrics import GatewayMetrics
-from ember_proto import FinishReason, Generate, RequestDelta, SamplingOptions, TokenLogprobs
+from ember_proto import FinishReason, Generate, RequestDelta, SamplingOptions, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,6 @@ class ChoicePlan:
 
     prompt_ids: list[int]
     sampling: SamplingOptions
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -166,14 +159,13 @@ class Generation:
             choice.finished = True
             self._num_unfinished -= 1
             self._record_finish(finish_reason)
-        prompt_ids = self._plans[index].prompt_ids
         return ChoiceUpdate(
-            index,
-            match.text,
-            token_ids,
-            _logprobs(token_ids, delta.logprobs),
-            finish_reason,
-            _logprobs(prompt_ids[1:], delta.prompt_logprobs),
+            index=index,
+            text=match.text,
+            token_ids=token_ids,
+            logprobs=delta.logprobs,
+            finish_reason=finish_reason,
+            prompt_logprobs=delta.prompt_logprobs,
         )
 
     def _record_tokens(self, choice: _Choice, count: int, step_started_at: float) -> None:
@@ -204,13 +196,6 @@ class Generation:
             type="timeout_error",
             code="request_timeout",
         )
-
-
-def _logprobs(token_ids: list[int], entries: list[TokenLogprobs]) -> list[TokenLogprob]:
-    return [
-        TokenLogprob(token_id, entry.logprob, list(zip(entry.top_token_ids, entry.top_logprobs)))
-        for token_id, entry in zip(token_ids, entries)
-    ]
 
 
 def _error_type(status: int) -> str:

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from ember_core.tokenizer import Tokenizer
-from ember_gateway.generation import TokenLogprob
+from ember_proto import TokenLogprob
 
 _NEG_INF_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
 
@@ -67,7 +67,7 @@ def completion_logprobs(
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for entry in entries:
         token = token_string(tokenizer, entry.token_id)
-        top = {token_string(tokenizer, token_id): _finite(logprob) for token_id, logprob in entry.top}
+        top = {token_string(tokenizer, token_id): _finite(logprob) for token_id, logprob in entry.top_logprobs}
         top.setdefault(token, _finite(entry.logprob))
         tokens.append(token)
         token_logprobs.append(_finite(entry.logprob))
@@ -95,7 +95,7 @@ def chat_logprobs(tokenizer: Tokenizer | None, entries: list[TokenLogprob]) -> d
         "content": [
             {
                 **_chat_token(tokenizer, entry.token_id, entry.logprob),
-                "top_logprobs": [_chat_token(tokenizer, token_id, logprob) for token_id, logprob in entry.top],
+                "top_logprobs": [_chat_token(tokenizer, token_id, logprob) for token_id, logprob in entry.top_logprobs],
             }
             for entry in entries
         ],

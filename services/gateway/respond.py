@@ -14,10 +14,11 @@ from aiohttp import web
 from ember_core.tokenizer import StopRules
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
-from ember_gateway.generation import ChoicePlan, ChoiceUpdate, Generation, TokenLogprob
+from ember_gateway.generation import ChoicePlan, ChoiceUpdate, Generation
 from ember_gateway.schemas import Body, decode_body
 from ember_gateway.sse import DONE, open_stream, sse_event
 from ember_gateway.state import STATE, GatewayState
+from ember_proto import TokenLogprob
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """Every package folder, and every C++ file the kernels build from, is listed in pyproject.toml, so a
 non-editable install (the Docker images) has it."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ from ember_proto import (
     Rejected,
     RequestDelta,
     StepOutputs,
-    TokenLogprobs,
+    TokenLogprob,
     decode_gateway_message,
     encode,
     make_socket,
@@ -183,16 +183,23 @@ class FakeEngine:
             logprobs = []
             if sampling.logprobs is not None:
                 top = [(token, -0.25), ((token + 1) % self.vocab_size, -1.5)][: sampling.logprobs]
-                logprobs = [TokenLogprobs(-0.25, [t for t, _ in top], [lp for _, lp in top])]
+                logprobs = [TokenLogprob(token, -0.25, top)]
             prompt_logprobs = []
             if sampling.prompt_logprobs is not None and running.produced == 1:
                 # prompt token i scores -0.5, its first alternative is the token before it
                 prompt_logprobs = [
-                    TokenLogprobs(-0.5, [t, previous][: sampling.prompt_logprobs], [-0.5, -2.0][: sampling.prompt_logprobs])
+                    TokenLogprob(t, -0.5, [(t, -0.5), (previous, -2.0)][: sampling.prompt_logprobs])
                     for previous, t in itertools.pairwise(running.generate.prompt_token_ids)
                 ]
             prompt_length = len(running.generate.prompt_token_ids)
-            delta = RequestDelta(request_id, [token], prompt_length, logprobs, finish, prompt_logprobs)
+            delta = RequestDelta(
+                request_id=request_id,
+                new_token_ids=[token],
+                num_prompt_tokens=prompt_length,
+                logprobs=logprobs,
+                finish_reason=finish,
+                prompt_logprobs=prompt_logprobs,
+            )
             by_gateway.setdefault(running.gateway, []).append(delta)
             if finish is not None:
                 del self._running[request_id]
