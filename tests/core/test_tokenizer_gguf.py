@@ -10,16 +10,6 @@ import pytest
 from ember_core.tokenizer import Tokenizer, TokenizerSpec, tokenizer_from_gguf
 
 
-@pytest.fixture(scope="module")
-def smollm_reader(smollm2_reader: Any) -> Any:
-    return smollm2_reader
-
-
-@pytest.fixture(scope="module")
-def smollm(smollm_reader: Any) -> Tokenizer:
-    return tokenizer_from_gguf(smollm_reader)
-
-
 @dataclass
 class Field:
     value: Any

@@ -12,7 +12,7 @@ import regex
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
 
-from ember_core.tokenizer import Tokenizer, load_hf_tokenizer, tokenizer_from_gguf
+from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 from ember_core.tokenizer.pretokenizers import gguf_pre_pattern, hf_pre_pattern
 
 NUM_TEXTS = 2500
@@ -274,16 +274,6 @@ class ReferenceBpe:
 
     def encode(self, text: str) -> list[int]:
         return [token_id for piece in llama_cpp_pieces("smollm", text) for token_id in self.encode_piece(piece)]
-
-
-@pytest.fixture(scope="module")
-def smollm_reader(smollm2_reader: Any) -> Any:
-    return smollm2_reader
-
-
-@pytest.fixture(scope="module")
-def smollm(smollm_reader: Any) -> Tokenizer:
-    return tokenizer_from_gguf(smollm_reader)
 
 
 @pytest.fixture(scope="module")
