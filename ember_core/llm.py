@@ -118,10 +118,10 @@ class LLM:
                 if p.stop and self.tokenizer is None:
                     raise ValueError("stop strings need a tokenizer and this model has none; use stop_token_ids")
                 request = RequestOutput(
-                    f"offline-{id(outputs)}-{i}",
-                    prompt if isinstance(prompt, str) else None,
-                    prompt_ids,
-                    [CompletionOutput(c, logprobs=[] if p.logprobs is not None else None) for c in range(p.n)],
+                    request_id=f"offline-{id(outputs)}-{i}",
+                    prompt=prompt if isinstance(prompt, str) else None,
+                    prompt_token_ids=prompt_ids,
+                    outputs=[CompletionOutput(c, logprobs=[] if p.logprobs is not None else None) for c in range(p.n)],
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
                 )
                 outputs.append(request)

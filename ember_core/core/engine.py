@@ -117,7 +117,13 @@ class Engine:
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) "
                 f"exceeds the model context of {self.max_model_len} tokens"
             )
-        seq = Sequence(next(self._seq_ids), request_id, list(prompt_token_ids), params, arrival_time or time.monotonic())
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            arrival_time=arrival_time or time.monotonic(),
+        )
         seq.token_ids.extend(output_token_ids)
         try:
             self.scheduler.check_fits(seq)
@@ -178,19 +184,21 @@ class Engine:
                 banned: tuple[int, ...] = ()
                 if seq.num_output_tokens < params.min_tokens:
                     banned = tuple(self.stop_token_ids | set(params.stop_token_ids))
-                if params.needs_token_history:
-                    sampling = SamplingRequest(
-                        params, seq.num_output_tokens, banned, seq.prompt_token_ids, seq.output_token_ids
-                    )
-                else:
-                    sampling = SamplingRequest(params, seq.num_output_tokens, banned)
+                history = params.needs_token_history
+                sampling = SamplingRequest(
+                    params=params,
+                    output_index=seq.num_output_tokens,
+                    banned_token_ids=banned,
+                    prompt_token_ids=seq.prompt_token_ids if history else None,
+                    output_token_ids=seq.output_token_ids if history else None,
+                )
             chunks.append(
                 SequenceChunk(
-                    seq.token_ids[start : start + num_tokens],
-                    start,
-                    self.block_manager.block_table(seq.seq_id),
-                    sampling,
-                    _prompt_scoring(seq, start, num_tokens),
+                    token_ids=seq.token_ids[start : start + num_tokens],
+                    start_position=start,
+                    block_table=self.block_manager.block_table(seq.seq_id),
+                    sampling=sampling,
+                    scoring=_prompt_scoring(seq, start, num_tokens),
                 )
             )
         return chunks

@@ -68,7 +68,14 @@ class ModelRunner:
         if self.decode_attention == "kernel" and num_tokens <= SMALL_BATCH_ROWS:
             token_tables = torch.tensor(table, dtype=torch.int32, device=self.device).expand(num_tokens, -1).contiguous()
             token_lens = torch.arange(context_len - num_tokens + 1, context_len + 1, dtype=torch.int32, device=self.device)
-        return PrefillSlice(token_start, num_tokens, context_len, self._tensor(table), token_tables, token_lens)
+        return PrefillSlice(
+            token_start=token_start,
+            num_tokens=num_tokens,
+            context_len=context_len,
+            block_table=self._tensor(table),
+            token_block_tables=token_tables,
+            token_context_lens=token_lens,
+        )
 
     def prepare(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         block_size = self.block_size

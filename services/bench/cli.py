@@ -115,7 +115,9 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, random_kind: str) -
 def _source(args: argparse.Namespace) -> list[BenchRequest] | RandomPrompts:
     if args.workload is not None:
         return load_workload(args.workload)
-    return RandomPrompts(args.random_prompts, args.random_input_len, args.random_output_len, args.seed)
+    return RandomPrompts(
+        count=args.random_prompts, input_len=args.random_input_len, output_len=args.random_output_len, seed=args.seed
+    )
 
 
 def _source_description(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,7 +159,13 @@ def _offline(args: argparse.Namespace) -> int:
     config = OfflineConfig(
         model=args.model,
         settings=settings_to_compare(
-            EngineSetting(args.batching, args.admission, args.dtype, args.gguf_weights, args.enable_prefix_caching),
+            EngineSetting(
+                batching=args.batching,
+                admission=args.admission,
+                dtype=args.dtype,
+                gguf_weights=args.gguf_weights,
+                prefix_caching=args.enable_prefix_caching,
+            ),
             _names(args.compare),
         ),
         concurrencies=_ints(args.concurrency, "--concurrency"),

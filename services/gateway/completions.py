@@ -45,7 +45,12 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         request,
         state,
         model,
-        CompletionFormat(model.tokenizer, [echo for echo in echoes for _ in range(n)], body.logprobs is not None, body.return_token_ids),
+        CompletionFormat(
+            model.tokenizer,
+            echoes=[echo for echo in echoes for _ in range(n)],
+            logprobs=body.logprobs is not None,
+            return_token_ids=body.return_token_ids,
+        ),
         request_id=f"cmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
         plans=plans,

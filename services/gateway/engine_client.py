@@ -272,7 +272,7 @@ class EngineClient:
         if epoch != self._connection_epoch:
             return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
         name = self._model_name or message.model.model_id
-        self.model = ServedModel(name, message.engine_id, message.model, tokenizer)
+        self.model = ServedModel(name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer)
         self._ready.set()
         self._last_rejection = ""
         if self._parked:

@@ -105,7 +105,13 @@ class Generation:
         deadline = None if self._timeout is None else arrival_time + self._timeout
         self._queue = self._client.submit(
             [
-                Generate(choice.request_id, plan.prompt_ids, plan.sampling, arrival_time, deadline)
+                Generate(
+                    request_id=choice.request_id,
+                    prompt_token_ids=plan.prompt_ids,
+                    sampling=plan.sampling,
+                    arrival_time=arrival_time,
+                    deadline=deadline,
+                )
                 for choice, plan in zip(self._choices, self._plans)
             ]
         )
