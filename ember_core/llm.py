@@ -9,9 +9,9 @@ from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.core.engine import Engine
-from ember_core.sampling_params import SamplingParams, choice_seed
-from ember_core.tokenizer import OutputText, StopRules
-from ember_proto import EngineStats, FinishReason, TokenLogprob
+from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
+from ember_core.sampling_params import SamplingParams
+from ember_proto import EngineStats, TokenLogprob
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 
@@ -60,15 +60,6 @@ class RequestOutput:
         return self.outputs[0].logprobs
 
 
-@dataclass
-class _Choice:
-    """An engine request of LLM.generate: one completion of one prompt."""
-
-    request: RequestOutput
-    completion: CompletionOutput
-    text: OutputText
-
-
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, **engine_args) -> None:
         self.engine = Engine(EngineConfig(model=model, **engine_args))
@@ -110,59 +101,64 @@ class LLM:
         wrong = next((p for p in param_list if not isinstance(p, SamplingParams)), None)
         if wrong is not None:
             raise TypeError(f"params must be a SamplingParams or a list of them, got {type(wrong).__name__}")
-        outputs: list[RequestOutput] = []
-        choices: dict[str, _Choice] = {}
+        requests = [
+            self._request(f"offline-{id(param_list)}-{i}", prompt, p) for i, (prompt, p) in enumerate(zip(prompts, param_list))
+        ]
+        choices = fan_out([(request.prompt_token_ids, p) for request, p in zip(requests, param_list)])
+        choice_ids = [f"{requests[choice.prompt_index].request_id}-{choice.index}" for choice in choices]
+        processor = OutputProcessor(self.tokenizer, choices)
+        results = [ChoiceResult(i) for i in range(len(choices))]
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, param_list)):
-                prompt_ids = self._prompt_ids(prompt)
-                if p.stop and self.tokenizer is None:
-                    raise ValueError("stop strings need a tokenizer and this model has none; use stop_token_ids")
-                request = RequestOutput(
-                    request_id=f"offline-{id(outputs)}-{i}",
-                    prompt=prompt if isinstance(prompt, str) else None,
-                    prompt_token_ids=prompt_ids,
-                    outputs=[CompletionOutput(c, logprobs=[] if p.logprobs is not None else None) for c in range(p.n)],
-                    prompt_logprobs=[] if p.prompt_logprobs is not None else None,
-                )
-                outputs.append(request)
-                for completion in request.outputs:
-                    # as the gateway's n: seed + choice, and the prompt's logprobs computed once
-                    choice_params = replace(
-                        p, seed=choice_seed(p.seed, completion.index),
-                        prompt_logprobs=p.prompt_logprobs if completion.index == 0 else None,
-                    )
-                    choice_id = f"{request.request_id}-{completion.index}"
-                    text = OutputText(self.tokenizer, StopRules(p.stop, p.min_tokens, p.include_stop_str_in_output))
-                    choices[choice_id] = _Choice(request, completion, text)
-                    self.engine.add_request(choice_id, prompt_ids, choice_params)
-            self._run(choices, use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS)
+            for choice_id, choice in zip(choice_ids, choices):
+                # the prompt's logprobs once, with its first completion
+                params = choice.params if choice.index == 0 else replace(choice.params, prompt_logprobs=None)
+                self.engine.add_request(choice_id, choice.prompt_ids, params)
+            show_progress = use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS
+            self._run(processor, {choice_id: i for i, choice_id in enumerate(choice_ids)}, results, show_progress)
         except BaseException:
-            self.engine.abort(list(choices))
+            self.engine.abort(choice_ids)
             while self.engine.has_unfinished():
                 self.engine.step()
             raise
-        return outputs
+        for choice, result in zip(choices, results):
+            request = requests[choice.prompt_index]
+            _fill(request, request.outputs[choice.index], result)
+        return requests
 
-    def _run(self, choices: dict[str, _Choice], show_progress: bool) -> None:
-        with tqdm(total=len(choices), desc="generate", unit="req", disable=not show_progress) as bar:
+    def _request(self, request_id: str, prompt: str | list[int], p: SamplingParams) -> RequestOutput:
+        prompt_ids = self._prompt_ids(prompt)
+        if p.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer and this model has none; use stop_token_ids")
+        return RequestOutput(
+            request_id=request_id,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=prompt_ids,
+            outputs=[CompletionOutput(index, logprobs=[] if p.logprobs is not None else None) for index in range(p.n)],
+            prompt_logprobs=[] if p.prompt_logprobs is not None else None,
+        )
+
+    def _run(
+        self, processor: OutputProcessor, indices: dict[str, int], results: list[ChoiceResult], show_progress: bool
+    ) -> None:
+        with tqdm(total=len(results), desc="generate", unit="req", disable=not show_progress) as bar:
             while self.engine.has_unfinished():
                 for delta in self.engine.step():
-                    choice = choices[delta.request_id]
-                    out = choice.completion
-                    if out.finish_reason is not None:
-                        continue  # the abort of an output a stop string ended
-                    out.token_ids.extend(delta.new_token_ids)
-                    if out.logprobs is not None:
-                        out.logprobs.extend(delta.logprobs)
-                    if choice.request.prompt_logprobs is not None:
-                        choice.request.prompt_logprobs.extend(delta.prompt_logprobs)
-                    final = delta.finish_reason is not None
-                    match = choice.text.push(delta.new_token_ids, final, stop_token=delta.finish_reason is FinishReason.STOP)
-                    out.text += match.text
-                    if match.stopped:
+                    index = indices[delta.request_id]
+                    if processor.finished(index):
+                        continue  # the abort of a choice a stop string ended
+                    update = processor.process(index, delta)
+                    if update.ended_by_stop_string:
                         self.engine.abort([delta.request_id])
-                        out.finish_reason = FinishReason.STOP.label
-                    elif final:
-                        out.finish_reason = delta.finish_reason.label
-                    if out.finish_reason is not None:
+                    results[update.index].add(update)
+                    if update.finish_reason is not None:
                         bar.update(1)
+
+
+def _fill(request: RequestOutput, completion: CompletionOutput, result: ChoiceResult) -> None:
+    completion.text = result.text
+    completion.token_ids = result.token_ids
+    completion.finish_reason = None if result.finish_reason is None else result.finish_reason.label
+    if completion.logprobs is not None:
+        completion.logprobs = result.logprobs
+    if request.prompt_logprobs is not None and completion.index == 0:
+        request.prompt_logprobs = result.prompt_logprobs

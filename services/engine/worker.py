@@ -171,7 +171,7 @@ class EngineWorker:
             self._send(identity, Rejected(request_id, RejectCode.UNAVAILABLE, "unknown gateway: send Hello first"))
             return
         try:
-            params = SamplingParams(**msgspec.structs.asdict(message.sampling))
+            params = SamplingParams.from_wire(message.sampling)
             self.engine.add_request(
                 request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids
             )

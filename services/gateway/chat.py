@@ -8,15 +8,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ember_core.tokenizer import Tokenizer
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
-from ember_gateway.generation import ChoiceUpdate
-from ember_gateway.logprobs import chat_logprobs
-from ember_gateway.plans import build_plans, stop_rules
-from ember_gateway.respond import ChoiceResult, accept, respond
+from ember_gateway.formats import ChatFormat
+from ember_gateway.intake import accept
+from ember_gateway.plans import build_choices
+from ember_gateway.respond import respond
 from ember_gateway.schemas import ChatCompletionRequest, ChatMessage
-from ember_proto import TokenLogprob
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -25,7 +23,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
     prompt_ids = _render_prompt(body, model)
-    plans = build_plans(
+    choices = build_choices(
         body,
         model,
         [prompt_ids],
@@ -40,8 +38,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         ChatFormat(model.tokenizer, bool(body.logprobs), body.return_token_ids),
         request_id=f"chatcmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
-        plans=plans,
-        stop_rules=stop_rules(body, model),
+        choices=choices,
         stream=bool(body.stream),
         include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
         prompt_tokens=len(prompt_ids),
@@ -88,47 +85,3 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     return {"role": role, "content": content or "", "name": message.name}
 
 
-class ChatFormat:
-    object_name = "chat.completion"
-    chunk_object_name = "chat.completion.chunk"
-
-    def __init__(self, tokenizer: Tokenizer | None, logprobs: bool, return_token_ids: bool) -> None:
-        self._tokenizer = tokenizer
-        self._logprobs = logprobs
-        self._return_token_ids = return_token_ids
-
-    def stream_start(self, index: int) -> dict[str, Any] | None:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-
-    def stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
-        choices = []
-        if update.has_content(self._logprobs, self._return_token_ids):
-            delta = {"content": update.text}
-            choices.append(self._choice(update.index, "delta", delta, update.logprobs, update.token_ids, None))
-        if update.finish_reason is not None:
-            finish = {"index": update.index, "delta": {}, "logprobs": None, "finish_reason": update.finish_reason}
-            choices.append(finish)
-        return choices
-
-    def final_choice(self, result: ChoiceResult) -> dict[str, Any]:
-        message = {"role": "assistant", "content": result.text}
-        return self._choice(result.index, "message", message, result.logprobs, result.token_ids, result.finish_reason)
-
-    def _choice(
-        self,
-        index: int,
-        key: str,
-        value: dict[str, Any],
-        logprobs: list[TokenLogprob],
-        token_ids: list[int],
-        finish_reason: str | None,
-    ) -> dict[str, Any]:
-        choice = {
-            "index": index,
-            key: value,
-            "logprobs": chat_logprobs(self._tokenizer, logprobs) if self._logprobs else None,
-            "finish_reason": finish_reason,
-        }
-        if self._return_token_ids:
-            choice["token_ids"] = token_ids
-        return choice

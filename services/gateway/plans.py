@@ -1,26 +1,16 @@
-"""Validated request fields and tokenized prompts turned into engine requests (one per choice)."""
+"""Validated request fields and tokenized prompts turned into the request's choices (one engine
+request each), fanned out as LLM.generate fans them out."""
 
 from __future__ import annotations
 
-from ember_core.sampling_params import choice_seed
-from ember_core.tokenizer import StopRules
+from ember_core.output_processor import ChoiceRequest, fan_out
+from ember_core.sampling_params import SamplingParamError, SamplingParams
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
-from ember_gateway.generation import ChoicePlan
 from ember_gateway.schemas import GenerationRequest
-from ember_proto import SamplingOptions
 
 
-def stop_rules(body: GenerationRequest, model: ServedModel) -> StopRules:
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if "" in stops:
-        raise ApiError(400, "stop strings must not be empty", param="stop")
-    if stops and model.tokenizer is None:
-        raise ApiError(400, "stop strings need a tokenizer and this model has none; use stop_token_ids", param="stop")
-    return StopRules(tuple(stops), body.min_tokens, body.include_stop_str_in_output)
-
-
-def build_plans(
+def build_choices(
     body: GenerationRequest,
     model: ServedModel,
     prompts: list[list[int]],
@@ -29,44 +19,56 @@ def build_plans(
     logprobs: int | None,
     prompt_param: str,
     prompt_logprobs: int | None = None,
-) -> list[ChoicePlan]:
-    """Choices in OpenAI's order: prompt by prompt, n choices each. max_tokens None: as many as
-    the context leaves. With a seed, choice i of a prompt gets seed + i, so choices differ and a
-    single prompt's first choice matches the same request with n=1."""
+) -> list[ChoiceRequest]:
+    """max_tokens None: as many as the context leaves."""
     vocab_size = model.card.vocab_size
-    stop_token_ids = body.stop_token_ids or []
-    _check_token_ids(stop_token_ids, vocab_size, "stop_token_ids")
+    _check_token_ids(body.stop_token_ids or [], vocab_size, "stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab_size)
-    plans: list[ChoicePlan] = []
+    if body.stop and model.tokenizer is None:
+        raise ApiError(400, "stop strings need a tokenizer and this model has none; use stop_token_ids", param="stop")
     for prompt in prompts:
         if not prompt:
             raise ApiError(400, "the prompt must not be empty", param=prompt_param)
         _check_token_ids(prompt, vocab_size, prompt_param)
         _check_tokenizer_has(prompt, model, prompt_param)
-        completion_tokens = _completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param)
-        if body.min_tokens > completion_tokens:
-            message = f"min_tokens ({body.min_tokens}) is larger than max_tokens ({completion_tokens})"
-            raise ApiError(400, message, param="min_tokens")
-        for choice in range(body.n or 1):
-            sampling = SamplingOptions(
-                max_tokens=completion_tokens,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=max(body.top_k or 0, 0),
-                min_p=body.min_p or 0.0,
-                seed=choice_seed(body.seed, choice),
-                stop_token_ids=stop_token_ids,
-                ignore_eos=body.ignore_eos,
-                min_tokens=body.min_tokens,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-                logit_bias=logit_bias,
-            )
-            plans.append(ChoicePlan(prompt, sampling))
-    return plans
+    budgets = [_completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param) for prompt in prompts]
+    try:
+        return fan_out([
+            (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias))
+            for prompt, budget in zip(prompts, budgets)
+        ])
+    except SamplingParamError as exc:  # a rule across fields: the schema checked each alone
+        raise ApiError(400, str(exc), param=exc.field) from None
+
+
+def _sampling_params(
+    body: GenerationRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    logit_bias: dict[int, float] | None,
+) -> SamplingParams:
+    """The request's fields, OpenAI's defaults where it left them out."""
+    return SamplingParams(
+        n=body.n or 1,
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        stop=body.stop,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        stop_token_ids=body.stop_token_ids,
+        ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=logit_bias,
+    )
 
 
 def _logit_bias(biases: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:

@@ -1,82 +1,26 @@
-"""The skeleton completions and chat share: accept a request, run its Generation, and answer with
-one JSON body or an SSE stream. The two APIs differ only in their ResponseFormat."""
+"""The steps after the plan, which completions and chat share: submit the choices (a Generation),
+take their updates, shape them with the API's ResponseFormat, and answer with one JSON body or an
+SSE stream."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from ember_core.tokenizer import StopRules
+from ember_core.output_processor import ChoiceRequest, ChoiceResult
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
-from ember_gateway.generation import ChoicePlan, ChoiceUpdate, Generation
-from ember_gateway.schemas import Body, decode_body
+from ember_gateway.formats import ResponseFormat
+from ember_gateway.generation import Generation
 from ember_gateway.sse import DONE, open_stream, sse_event
-from ember_gateway.state import STATE, GatewayState
-from ember_proto import TokenLogprob
+from ember_gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ChoiceResult:
-    index: int
-    text_parts: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
-
-    def add(self, update: ChoiceUpdate) -> None:
-        self.text_parts.append(update.text)
-        self.token_ids.extend(update.token_ids)
-        self.logprobs.extend(update.logprobs)
-        self.prompt_logprobs.extend(update.prompt_logprobs)
-        self.finish_reason = update.finish_reason
-
-
-class ResponseFormat(Protocol):
-    object_name: str
-    chunk_object_name: str
-
-    def stream_start(self, index: int) -> dict[str, Any] | None:
-        """The choice of a stream's first chunk for choice index, if the API sends one."""
-
-    def stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
-        """The chunk choices an update becomes (none when it carries nothing to show)."""
-
-    def final_choice(self, result: ChoiceResult) -> dict[str, Any]: ...
-
-
-# What aiohttp decodes (br and zstd with the Brotli and backports.zstd packages); any other body
-# would be read as it is, compressed.
-_CONTENT_ENCODINGS = ("identity", "gzip", "deflate", "br", "zstd")
-
-
-async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, ServedModel, Body]:
-    state = request.app[STATE]
-    model = await state.await_model()
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in _CONTENT_ENCODINGS:
-        raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: use one of {', '.join(_CONTENT_ENCODINGS)}")
-    try:
-        raw = await request.read()
-    except web.RequestPayloadError as exc:  # e.g. a body that is not what its Content-Encoding says
-        cause = exc.__cause__ or exc
-        raise ApiError(400, f"the request body could not be read: {getattr(cause, 'message', cause)}") from None
-    body = decode_body(raw, body_type)
-    if body.model != model.name:
-        raise ApiError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-    return state, model, body
 
 
 async def respond(
@@ -87,8 +31,7 @@ async def respond(
     *,
     request_id: str,
     arrived_at: float,
-    plans: list[ChoicePlan],
-    stop_rules: StopRules,
+    choices: list[ChoiceRequest],
     stream: bool,
     include_usage: bool,
     prompt_tokens: int,
@@ -99,20 +42,19 @@ async def respond(
         state.metrics,
         request_id=request_id,
         arrived_at=arrived_at,
-        plans=plans,
-        stop_rules=stop_rules,
+        choices=choices,
         timeout=state.config.request_timeout,
         max_pending=state.config.max_pending,
     )
     envelope = _Envelope(request_id, int(time.time()), model.name, prompt_tokens)
     with generation:
         if stream:
-            return await _stream(request, generation, response_format, envelope, len(plans), include_usage)
-        results = [ChoiceResult(index) for index in range(len(plans))]
+            return await _stream(request, generation, response_format, envelope, len(choices), include_usage)
+        results = [ChoiceResult(index) for index in range(len(choices))]
         while (update := await generation.next_update()) is not None:
             results[update.index].add(update)
-        choices = [response_format.final_choice(result) for result in results]
-        return json_response(envelope(response_format.object_name, choices, usage=envelope.usage(generation)))
+        body_choices = [response_format.final_choice(result) for result in results]
+        return json_response(envelope(response_format.object_name, body_choices, usage=envelope.usage(generation)))
 
 
 @dataclass(frozen=True)

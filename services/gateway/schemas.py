@@ -14,11 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from ember_core import sampling_limits as limits
 from ember_gateway.errors import ApiError
-
-MAX_N = 128
-MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
 
 Body = TypeVar("Body", bound=msgspec.Struct)
 _MISSING_FIELD = re.compile(r"Object missing required field `([^`]+)`.*")
@@ -32,26 +29,27 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     """Fields shared by completions and chat completions; None means "not given"."""
 
     model: str
-    max_tokens: Annotated[int, Meta(ge=0)] | None = None  # 0 only with echo: score the prompt
-    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Meta(ge=-1, le=2**63 - 1)] | None = None  # extension; 0 and -1 mean off; any int64, as seed
-    min_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # extension (vLLM's); 0 means off
-    n: Annotated[int, Meta(ge=1, le=MAX_N)] | None = None
-    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # any int64, as vLLM
+    # Ranges: ember_core.sampling_limits, which SamplingParams checks too.
+    max_tokens: limits.TOKEN_COUNT.type | None = None  # 0 only with echo: score the prompt
+    temperature: limits.TEMPERATURE.type | None = None
+    top_p: limits.TOP_P.type | None = None
+    top_k: limits.TOP_K.type | None = None  # extension; 0 and -1 mean off
+    min_p: limits.MIN_P.type | None = None  # extension (vLLM's); 0 means off
+    n: limits.N.type | None = None
+    stop: str | Annotated[list[str], Meta(max_length=limits.MAX_STOP_STRINGS)] | None = None
+    seed: limits.SEED.type | None = None  # any int64, as vLLM
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     # extensions
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Meta(ge=0)] = 0
-    stop_token_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    min_tokens: limits.TOKEN_COUNT.type = 0
+    stop_token_ids: list[limits.TOKEN_ID.type] | None = None
     include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or stop token's text
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0, le=2)] | None = None  # vLLM extension
-    logit_bias: dict[str, Annotated[float, Meta(ge=-100, le=100)]] | None = None  # token id (as a string) -> bias
+    presence_penalty: limits.PENALTY.type | None = None
+    frequency_penalty: limits.PENALTY.type | None = None
+    repetition_penalty: limits.REPETITION_PENALTY.type | None = None  # vLLM extension
+    logit_bias: dict[str, limits.LOGIT_BIAS.type] | None = None  # token id (as a string) -> bias
     # not implemented: only their no-op values pass `reject_unsupported_values`
     response_format: dict[str, Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -71,7 +69,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
 class CompletionRequest(GenerationRequest, kw_only=True):
     # a string, strings, token ids, or lists of token ids; mixing kinds is rejected after decoding
     prompt: str | list[str | int | list[int]]
-    logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: limits.LOGPROBS.type | None = None
     echo: bool | None = None
     best_of: int | None = None  # not implemented beyond best_of == n
     suffix: str | None = None  # not implemented
@@ -92,7 +90,7 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: limits.LOGPROBS.type | None = None
     # vLLM's: end the prompt with the assistant's turn header; or leave the last (assistant) message
     # open, for the model to go on with it
     add_generation_prompt: bool = True

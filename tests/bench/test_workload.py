@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ember_bench.make_workload import SENTENCES, make_workload, mismatches
 from ember_bench.workload import WORDS, BenchRequest, RandomPrompts, WorkloadError, load_workload, take
+from ember_core.tokenizer import tokenizer_from_gguf
 
 
 def write(tmp_path: Path, content: object) -> Path:
@@ -74,3 +76,18 @@ def test_take_limits_or_cycles() -> None:
     assert [r.prompt for r in take(requests, 7)] == list("abcabca")
     with pytest.raises(WorkloadError, match="--num-prompts"):
         take(requests, 0)
+
+
+def test_the_shipped_workload_counts_its_prompts_as_the_smollm2_tokenizer_does(smollm2_reader) -> None:
+    tokenizer = tokenizer_from_gguf(smollm2_reader)
+    shipped = json.loads((Path(__file__).parents[2] / "services/bench/workloads/smollm2.json").read_text())
+    assert mismatches(tokenizer, shipped) == []
+
+
+def test_made_workloads_have_the_shipped_shape_and_follow_their_seed(smollm2_reader) -> None:
+    tokenizer = tokenizer_from_gguf(smollm2_reader)
+    workload = make_workload(tokenizer, count=12, seed=5)
+    assert make_workload(tokenizer, count=12, seed=5) == workload != make_workload(tokenizer, count=12, seed=6)
+    assert mismatches(tokenizer, workload) == []
+    assert all(16 <= item["prompt_tokens"] <= 128 and 16 <= item["max_tokens"] <= 256 for item in workload)
+    assert all(any(sentence.startswith(str(item["prompt"])[:20]) for sentence in SENTENCES) for item in workload)

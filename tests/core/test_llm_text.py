@@ -87,5 +87,5 @@ def test_n_completions_of_a_prompt_are_seeded_as_the_gateways(llm: LLM) -> None:
 
 @pytest.mark.parametrize("n", [0, 1.5, True])
 def test_n_must_be_a_positive_integer(n) -> None:
-    with pytest.raises(ValueError, match="n must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 128\]"):
         SamplingParams(n=n)

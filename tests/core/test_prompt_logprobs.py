@@ -68,5 +68,5 @@ def test_without_prompt_logprobs_none_are_computed(gpt2_dir) -> None:
 
 
 def test_negative_prompt_logprobs_are_rejected() -> None:
-    with pytest.raises(ValueError, match="prompt_logprobs must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"prompt_logprobs must be an integer in \[0, 20\]"):
         SamplingParams(prompt_logprobs=-1)

@@ -71,7 +71,7 @@ def test_top_k_beyond_the_vocabulary_keeps_every_token() -> None:
     def batch(k: int) -> list[int]:
         requests = [SamplingRequest(SamplingParams(top_k=k, seed=3), 0), SamplingRequest(SamplingParams(top_k=2, seed=4), 0)]
         return [s.token_id for s in sample(logits.clone(), requests)]
-    for k in (5, 6, 2**63, 2**80):
+    for k in (5, 6, 2**31, 2**63 - 1):
         assert batch(k) == batch(0), k
 
 

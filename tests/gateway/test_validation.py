@@ -280,13 +280,13 @@ async def test_unexpected_exception_is_a_500_and_serving_continues(
 ):
     from ember_gateway import plans
 
-    original = plans.build_plans
-    monkeypatch.setattr("ember_gateway.completions.build_plans", lambda *a, **k: 1 / 0)
-    monkeypatch.setattr("ember_gateway.chat.build_plans", lambda *a, **k: 1 / 0)
+    original = plans.build_choices
+    monkeypatch.setattr("ember_gateway.completions.build_choices", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("ember_gateway.chat.build_choices", lambda *a, **k: 1 / 0)
     body = json.loads(completion() if path == COMPLETIONS else chat())
     status, error = await gateway.post(path, body)
     assert assert_openai_error(status, error, 500)["type"] == "server_error"
-    monkeypatch.setattr("ember_gateway.completions.build_plans", original)
-    monkeypatch.setattr("ember_gateway.chat.build_plans", original)
+    monkeypatch.setattr("ember_gateway.completions.build_choices", original)
+    monkeypatch.setattr("ember_gateway.chat.build_choices", original)
     status, _ = await gateway.post(path, {**body, "max_tokens": 2})
     assert status == 200

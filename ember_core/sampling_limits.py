@@ -1,0 +1,81 @@
+"""The range of every sampling parameter, in one table: the gateway's request schemas decode
+against these types, and SamplingParams (which the engine's intake builds from the wire) checks
+against the same rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+MAX_STOP_STRINGS = 16
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limit:
+    """An int or float range. A bool is not an integer here; nan and inf fall outside every float
+    row, each bounded on both sides."""
+
+    kind: type[int] | type[float]
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    note: str = ""  # what a value means, where the range alone does not say
+
+    @property
+    def type(self) -> Any:
+        """The range as an annotated type, for msgspec to check while decoding."""
+        bounds = {name: value for name, value in (("ge", self.ge), ("gt", self.gt), ("le", self.le)) if value is not None}
+        return Annotated[self.kind, Meta(**bounds)]
+
+    def allows(self, value: object) -> bool:
+        try:
+            msgspec.convert(value, self.type)
+        except msgspec.ValidationError:
+            return False
+        return True
+
+    def describe(self) -> str:
+        noun = "an integer" if self.kind is int else "a number"
+        high = None if self.le == INT64_MAX else self.le  # the wire's bound, not the parameter's
+        if self.ge == INT64_MIN and high is None:
+            text = "a 64-bit integer"
+        elif high is not None:
+            low = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}"
+            text = f"{noun} in {low}, {high:g}]"
+        else:
+            text = f"{noun} >= {self.ge:g}" if self.ge is not None else f"{noun} > {self.gt:g}"
+        return f"{text} {self.note}".rstrip()
+
+N = Limit(int, ge=1, le=128)
+TOKEN_COUNT = Limit(int, ge=0)  # max_tokens, min_tokens
+TEMPERATURE = Limit(float, ge=0, le=2)
+TOP_P = Limit(float, gt=0, le=1)
+TOP_K = Limit(int, ge=-1, le=INT64_MAX, note="(0 and -1 disable it)")
+MIN_P = Limit(float, ge=0, le=1)
+SEED = Limit(int, ge=INT64_MIN, le=INT64_MAX)
+LOGPROBS = Limit(int, ge=0, le=20)
+PENALTY = Limit(float, ge=-2, le=2)  # presence_penalty, frequency_penalty
+REPETITION_PENALTY = Limit(float, gt=0, le=2)
+LOGIT_BIAS = Limit(float, ge=-100, le=100)
+TOKEN_ID = Limit(int, ge=0)
+
+# SamplingParams' fields and their rows (None passes where the field's default is None)
+FIELD_LIMITS: dict[str, Limit] = {
+    "n": N,
+    "max_tokens": TOKEN_COUNT,
+    "min_tokens": TOKEN_COUNT,
+    "temperature": TEMPERATURE,
+    "top_p": TOP_P,
+    "top_k": TOP_K,
+    "min_p": MIN_P,
+    "seed": SEED,
+    "logprobs": LOGPROBS,
+    "prompt_logprobs": LOGPROBS,
+    "presence_penalty": PENALTY,
+    "frequency_penalty": PENALTY,
+    "repetition_penalty": REPETITION_PENALTY,
+}
