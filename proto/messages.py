@@ -9,7 +9,9 @@ from enum import IntEnum
 
 import msgspec
 
-PROTOCOL_VERSION = 3  # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id
+# 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
+# (KvEvents, KvSync), Ready.block_size, Heartbeat.draining
+PROTOCOL_VERSION = 4
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -76,7 +78,11 @@ class Abort(_Message):
     request_ids: list[str]
 
 
-GatewayMessage = Hello | Generate | Abort
+class KvSync(_Message):
+    """Asks for a KvEvents snapshot: the gateway missed a batch (a gap in the sequence numbers)."""
+
+
+GatewayMessage = Hello | Generate | Abort | KvSync
 
 
 # engine -> gateway
@@ -95,6 +101,7 @@ class Ready(_Message):
     protocol_version: int
     engine_id: str  # new on every engine start: a gateway that sees it change lost its in-flight requests
     model: ModelCard
+    block_size: int = 0  # of the prefix cache, whose hashes KvEvents carry; 0: no prefix cache
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):
@@ -142,9 +149,24 @@ class Rejected(_Message):
 class Heartbeat(_Message):
     engine_id: str
     stats: EngineStats
+    draining: bool = False  # shutting down: no new requests; sent at once when the drain begins
 
 
-EngineMessage = Ready | StepOutputs | Rejected | Heartbeat
+class KvEvents(_Message):
+    """Prefix blocks the engine's cache registered (stored) and evicted (removed) since the last
+    batch, as ember_core.cache.block_hash hashes; sent to every gateway after each step that changed
+    the cache. `sequence` counts batches from 1; a snapshot (after Ready, or asked for with KvSync)
+    lists every hash held, carries the sequence number of the last batch it includes, and replaces
+    what the gateway knew."""
+
+    engine_id: str
+    sequence: int
+    stored: list[bytes]
+    removed: list[bytes] = []
+    snapshot: bool = False
+
+
+EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents
 
 _encoder = msgspec.msgpack.Encoder()
 _gateway_decoder = msgspec.msgpack.Decoder(GatewayMessage)

@@ -10,21 +10,16 @@ the block, shared through its reference count, instead of computing it again.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 
-def extend_block_hashes(hashes: list[bytes], token_ids: list[int], block_size: int, num_blocks: int) -> None:
-    """Append to `hashes` the hashes of full blocks len(hashes) to num_blocks - 1 of token_ids.
+@dataclass
+class CacheEvents:
+    """Prefix hashes registered in and evicted from the cache since the last take_events()."""
 
-    Each hash covers its block's tokens and, through its parent's hash, every token before them.
-    A 128-bit cryptographic hash: a crafted collision would hand one user's cached K/V to another.
-    """
-    while len(hashes) < num_blocks:
-        start = len(hashes) * block_size
-        block = array("q", token_ids[start : start + block_size]).tobytes()
-        hashes.append(hashlib.blake2b(block, digest_size=16, key=hashes[-1] if hashes else b"").digest())
+    stored: list[bytes] = field(default_factory=list)
+    removed: list[bytes] = field(default_factory=list)
 
 
 class BlockManager:
@@ -40,6 +35,7 @@ class BlockManager:
         self._cached_blocks: dict[bytes, int] = {}  # prefix hash -> the block holding it
         self._block_hashes: dict[int, bytes] = {}  # the reverse, for eviction
         self._num_offered: dict[int, int] = {}  # seq id -> blocks of its table already offered to the cache
+        self._events: CacheEvents | None = None  # recorded once someone takes them
 
     @property
     def num_free_blocks(self) -> int:
@@ -121,10 +117,14 @@ class BlockManager:
             if block_hash not in self._cached_blocks and block_id not in self._block_hashes:
                 self._cached_blocks[block_hash] = block_id
                 self._block_hashes[block_id] = block_hash
+                if self._events is not None:
+                    self._events.stored.append(block_hash)
         self._num_offered[seq_id] = max(num_full_blocks, self._num_offered.get(seq_id, 0))
 
     def reset_prefix_cache(self) -> None:
         """Forget every registered block; sequences keep the blocks they hold."""
+        if self._events is not None:
+            self._events.removed.extend(self._cached_blocks)
         self._cached_blocks.clear()
         self._block_hashes.clear()
 
@@ -132,3 +132,15 @@ class BlockManager:
         block_hash = self._block_hashes.pop(block_id, None)
         if block_hash is not None:
             del self._cached_blocks[block_hash]
+            if self._events is not None:
+                self._events.removed.append(block_hash)
+
+    def take_events(self) -> CacheEvents:
+        """What the cache registered and evicted since the last call (for the gateways' routing);
+        recording starts with the first call, which returns nothing."""
+        events, self._events = self._events or CacheEvents(), CacheEvents()
+        return events
+
+    def cached_hashes(self) -> list[bytes]:
+        """Every prefix hash the cache holds now."""
+        return list(self._cached_blocks)

@@ -29,6 +29,8 @@ from ember_proto import (
     Generate,
     Heartbeat,
     Hello,
+    KvEvents,
+    KvSync,
     ModelCard,
     Ready,
     RejectCode,
@@ -76,6 +78,12 @@ class EngineWorker:
         self.deadlines: list[tuple[float, str]] = []
         self.step_counter = 0
         self.draining_since: float | None = None
+        self.drain_announced = False
+        # KV events: the prefix cache's changes, batched per step, for the gateways' routing
+        self.kv_events = engine.config.enable_prefix_caching
+        self.kv_sequence = 0
+        if self.kv_events:
+            engine.block_manager.take_events()  # starts recording
         tokenizer = engine.tokenizer
         self.ready = Ready(
             PROTOCOL_VERSION,
@@ -88,6 +96,7 @@ class EngineWorker:
                 tokenizer_spec=msgspec.msgpack.encode(tokenizer.spec) if tokenizer is not None else b"",
                 created=int(time.time()),
             ),
+            block_size=engine.block_manager.block_size if self.kv_events else 0,
         )
 
     def request_shutdown(self) -> None:
@@ -107,6 +116,7 @@ class EngineWorker:
                 self._abort_all_after_shutdown_timeout()
                 if self.engine.has_unfinished():
                     self._step()
+                self._announce_drain()
                 self._heartbeat()
                 self._drop_lost_gateways()
         finally:
@@ -156,8 +166,11 @@ class EngineWorker:
                 logger.log(logging.DEBUG if probe else logging.INFO, "gateway %s connected", message.gateway_id)
             self.gateways.last_sent[identity] = 0.0
             self._send(identity, self.ready)
+            self._send_kv_snapshot(identity)
         elif isinstance(message, Generate):
             self._generate(identity, message)
+        elif isinstance(message, KvSync):
+            self._send_kv_snapshot(identity)
         else:
             owned = [r for r in message.request_ids if self.gateways.owner_of.get(r) == identity]
             self.engine.abort(owned)
@@ -216,6 +229,23 @@ class EngineWorker:
         stats = self.engine.stats()
         for identity, outputs in by_gateway.items():
             self._send(identity, StepOutputs(self.step_counter, outputs, stats))
+        self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        if not self.kv_events:
+            return
+        events = self.engine.block_manager.take_events()
+        if not (events.stored or events.removed):
+            return
+        self.kv_sequence += 1
+        batch = KvEvents(self.engine_id, self.kv_sequence, events.stored, events.removed)
+        for identity in list(self.gateways.last_sent):
+            self._send(identity, batch)
+
+    def _send_kv_snapshot(self, identity: bytes) -> None:
+        if self.kv_events:
+            hashes = self.engine.block_manager.cached_hashes()
+            self._send(identity, KvEvents(self.engine_id, self.kv_sequence, hashes, snapshot=True))
 
     def _fail_all(self, message: str) -> None:
         in_flight = dict(self.gateways.owner_of)
@@ -230,8 +260,17 @@ class EngineWorker:
         # A copy: the other thread may add or drop gateways meanwhile.
         due = [g for g, sent in list(self.gateways.last_sent.items()) if now - sent >= self.options.heartbeat_interval]
         if due:
-            heartbeat = Heartbeat(self.engine_id, self.engine.stats())
+            heartbeat = Heartbeat(self.engine_id, self.engine.stats(), draining=self.draining_since is not None)
             for identity in due:
+                self._send(identity, heartbeat)
+
+    def _announce_drain(self) -> None:
+        """Tells every gateway at once that no new request may come here, so they route elsewhere
+        (and move the requests in flight to another engine where there is one)."""
+        if self.draining_since is not None and not self.drain_announced:
+            self.drain_announced = True
+            heartbeat = Heartbeat(self.engine_id, self.engine.stats(), draining=True)
+            for identity in list(self.gateways.last_sent):
                 self._send(identity, heartbeat)
 
     def _drop_lost_gateways(self) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ember_core import LLM, SamplingParams
-from ember_core.cache.block_manager import BlockManager, extend_block_hashes
+from ember_core.cache.block_hash import extend_block_hashes
+from ember_core.cache.block_manager import BlockManager
 from tests.conftest import assert_pool_free, token_prompts
 
 

@@ -1,0 +1,27 @@
+"""Prefix block hashes: one torch-free function the engine's prefix cache and the gateways'
+KV-aware routing both use, so a gateway finds a prompt's blocks in what an engine reports."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+
+def extend_block_hashes(hashes: list[bytes], token_ids: list[int], block_size: int, num_blocks: int) -> None:
+    """Append to `hashes` the hashes of full blocks len(hashes) to num_blocks - 1 of token_ids.
+
+    Each hash covers its block's tokens and, through its parent's hash, every token before them.
+    A 128-bit cryptographic hash: a crafted collision would hand one user's cached K/V to another.
+    """
+    while len(hashes) < num_blocks:
+        start = len(hashes) * block_size
+        block = array("q", token_ids[start : start + block_size]).tobytes()
+        hashes.append(hashlib.blake2b(block, digest_size=16, key=hashes[-1] if hashes else b"").digest())
+
+
+def prompt_block_hashes(prompt_ids: list[int], block_size: int) -> list[bytes]:
+    """The hashes of the prompt blocks an engine may take from its cache: every full block but one
+    holding the last prompt token, which is always computed (its logits sample the first token)."""
+    hashes: list[bytes] = []
+    extend_block_hashes(hashes, prompt_ids, block_size, (len(prompt_ids) - 1) // block_size)
+    return hashes
