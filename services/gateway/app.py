@@ -1,4 +1,4 @@
-"""The aiohttp application: routes, middlewares, and the engine client's lifetime."""
+"""The aiohttp application: routes, middlewares, and the engine pool's lifetime."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from ember_gateway.chat import create_chat_completion
 from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
 from ember_gateway.cors import add_cors_headers, cors_middleware
-from ember_gateway.engine_client import EngineClient, ServedModel
-from ember_gateway.errors import ApiError, from_http_exception, internal_error
+from ember_gateway.engine_client import ServedModel
+from ember_gateway.engine_pool import EnginePool
+from ember_gateway.errors import ApiError, engine_unavailable, from_http_exception, internal_error
 from ember_gateway.metrics import GatewayMetrics
 from ember_gateway.respond import json_response
 from ember_gateway.state import STATE, GatewayState
@@ -25,9 +26,10 @@ logger = logging.getLogger(__name__)
 _OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers need no API key
 
 
-def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web.Application:
-    client = client or EngineClient(
-        config.engine_address,
+def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.Application:
+    pool = pool or EnginePool(
+        list(config.engine_addresses),
+        routing=config.routing,
         model_name=config.model_name,
         watchdog_s=config.engine_timeout,
         resume_wait_s=config.engine_resume_wait,
@@ -37,7 +39,7 @@ def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web
         client_max_size=config.max_body_bytes,
     )
     app.on_response_prepare.append(add_cors_headers(config.allowed_origins))
-    app[STATE] = GatewayState(config, client, GatewayMetrics(client.engine_snapshot))
+    app[STATE] = GatewayState(config, pool, GatewayMetrics(pool))
     expect = _expect_handler(config.max_body_bytes, _api_key_bytes(config.api_key))
     app.add_routes(
         [
@@ -49,8 +51,8 @@ def create_app(config: GatewayConfig, client: EngineClient | None = None) -> web
             web.get("/metrics", metrics),
         ]
     )
-    app.on_startup.append(_start_client)
-    app.on_cleanup.append(_close_client)
+    app.on_startup.append(_start_pool)
+    app.on_cleanup.append(_close_pool)
     return app
 
 
@@ -65,12 +67,12 @@ async def start_runner(app: web.Application, shutdown_timeout: float = 10.0) -> 
     return runner
 
 
-async def _start_client(app: web.Application) -> None:
-    await app[STATE].client.start()
+async def _start_pool(app: web.Application) -> None:
+    await app[STATE].pool.start()
 
 
-async def _close_client(app: web.Application) -> None:
-    await app[STATE].client.close()
+async def _close_pool(app: web.Application) -> None:
+    await app[STATE].pool.close()
 
 
 @web.middleware
@@ -159,20 +161,27 @@ def _model_entry(model: ServedModel) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": [_model_entry(await request.app[STATE].await_model())]})
+    models = await request.app[STATE].await_models()
+    return json_response({"object": "list", "data": [_model_entry(model) for model in models]})
 
 
 async def get_model(request: web.Request) -> web.Response:
-    entry = _model_entry(await request.app[STATE].await_model())
-    name = request.match_info["model"]
-    if name != entry["id"]:
-        raise ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
-    return json_response(entry)
+    return json_response(_model_entry(await request.app[STATE].await_model(request.match_info["model"])))
 
 
 async def health(request: web.Request) -> web.Response:
-    model = request.app[STATE].require_model()
-    return json_response({"status": "ok", "engine_id": model.engine_id, "model": model.name})
+    """200 while at least one engine takes requests. model and engine_id: the first such engine's."""
+    accepting = [client for client in request.app[STATE].pool.clients.values() if client.accepting and client.model]
+    if not accepting:
+        raise engine_unavailable()
+    first = accepting[0].model
+    return json_response({
+        "status": "ok",
+        "model": first.name,
+        "engine_id": first.engine_id,
+        "models": sorted({client.model.name for client in accepting}),
+        "engines": [client.address for client in accepting],
+    })
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,4 +1,4 @@
-"""`ember-gateway`: serve the OpenAI-compatible HTTP API in front of one engine."""
+"""`ember-gateway`: serve the OpenAI-compatible HTTP API in front of one or more engines."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aiohttp import web
 from ember_core.log_level import add_log_level_argument, configure_logging
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
+from ember_gateway.router import ROUTING_MODES
 from ember_gateway.state import STATE
 
 logger = logging.getLogger("ember_gateway")
@@ -79,6 +80,11 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         "were; 0: they fail at once (EMBER_ENGINE_RESUME_WAIT)",
     )
     parser.add_argument(
+        "--routing", choices=ROUTING_MODES, default=env("EMBER_ROUTING", "kv"),
+        help="which engine takes a request: kv (where its prefix is cached, weighed against load), load, or "
+        "round-robin (EMBER_ROUTING)",
+    )
+    parser.add_argument(
         "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
         help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
     )
@@ -97,10 +103,12 @@ def gateway_options_argv(args: argparse.Namespace) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for an ember engine")
+    parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for ember engines")
     parser.add_argument(
-        "--engine", default=env("EMBER_ENGINE", "tcp://127.0.0.1:5555"), help="engine address, tcp://HOST:PORT or ipc://PATH (EMBER_ENGINE)"
+        "--engine", action="append",
+        help="engine address: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT for every address NAME resolves to "
+        "(looked up every 2 s); repeat the flag or separate addresses by commas "
+        "(EMBER_ENGINE; default tcp://127.0.0.1:5555)",
     )
     add_gateway_arguments(parser)
     parser.add_argument(
@@ -111,9 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_addresses(values: list[str]) -> tuple[str, ...]:
+    return tuple(address.strip() for value in values for address in value.split(",") if address.strip())
+
+
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
-        engine_address=args.engine,
+        engine_addresses=engine_addresses(args.engine or [os.environ.get("EMBER_ENGINE", "tcp://127.0.0.1:5555")]),
+        routing=args.routing,
         host=args.host,
         port=args.port,
         listen_fd=args.listen_fd,
@@ -142,10 +155,11 @@ async def serve(config: GatewayConfig) -> None:
             site = web.SockSite(runner, socket.socket(fileno=config.listen_fd))
         await site.start()
         for address in runner.addresses:
-            logger.info("listening on http://%s:%d (engine %s)", address[0], address[1], config.engine_address)
+            engines = ", ".join(config.engine_addresses)
+            logger.info("listening on http://%s:%d (engines %s, routing %s)", address[0], address[1], engines, config.routing)
         await stop.wait()
         logger.info("shutting down")
-        runner.app[STATE].client.stop_resuming("the gateway is shutting down")
+        runner.app[STATE].pool.stop_resuming("the gateway is shutting down")
     finally:
         # Stops listening, lets in-flight requests finish, then closes the engine socket and the
         # zmq context (app cleanup).

@@ -5,12 +5,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ember_gateway.router import ROUTING_MODES
+
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    engine_address: str  # the engine's ROUTER: tcp://HOST:PORT or ipc://PATH
+    # The engines' ROUTERs: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT (every address of
+    # NAME, looked up every few seconds: a Kubernetes headless Service, a compose service).
+    engine_addresses: tuple[str, ...]
+    routing: str = "kv"  # which engine takes a request: router.ROUTING_MODES
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
@@ -35,8 +40,17 @@ class GatewayConfig:
     listen_fd: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.engine_address.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"engine address must be tcp://HOST:PORT or ipc://PATH, got {self.engine_address!r}")
+        if not self.engine_addresses:
+            raise ValueError("at least one engine address is needed")
+        for address in self.engine_addresses:
+            if not address.startswith(("tcp://", "ipc://", "dns+tcp://")) or (
+                address.startswith("dns+tcp://") and not address.rpartition(":")[2].isdigit()
+            ):
+                raise ValueError(
+                    f"engine address must be tcp://HOST:PORT, ipc://PATH or dns+tcp://NAME:PORT, got {address!r}"
+                )
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING_MODES)}, got {self.routing!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_pending < 1:

@@ -1,10 +1,12 @@
-"""The gateway's one connection to the engine: a zmq DEALER, liveness, and per-request routing.
+"""The gateway's connection to one engine: a zmq DEALER, liveness, what its prefix cache holds,
+and per-request routing of its outputs.
 
 Every engine request of an HTTP request shares one asyncio.Queue; each StepOutputs is fanned out
 to those queues in O(deltas). Anything that makes the engine unusable (disconnect, silence, a new
-engine id) fails every request in flight with an EngineFailure, so no handler waits forever; with
-resume_wait_s > 0 they first wait that long for a restarted engine, which continues each after
-the tokens it already sent (`Generate.output_token_ids`).
+engine id, a drain) first offers the requests in flight to the pool (`handoff`), which continues
+them on another engine from the tokens they already sent (`Generate.output_token_ids`). What no
+other engine takes fails with an EngineFailure, so no handler waits forever; with resume_wait_s > 0
+it first waits that long for this engine to come back restarted, and continues there.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ember_core.tokenizer import Tokenizer, TokenizerSpec
 from ember_gateway.errors import engine_unavailable
+from ember_gateway.kv_index import KvIndex
 from ember_proto import (
     PROTOCOL_VERSION,
     Abort,
@@ -31,6 +34,8 @@ from ember_proto import (
     Generate,
     Heartbeat,
     Hello,
+    KvEvents,
+    KvSync,
     ModelCard,
     Ready,
     Rejected,
@@ -56,6 +61,13 @@ class ServedModel:
     engine_id: str
     card: ModelCard
     tokenizer: Tokenizer | None  # None: the model has no tokenizer; only token-id prompts work
+    block_size: int = 0  # of the engine's prefix cache; 0: none
+
+    def same_model(self, other: ServedModel) -> bool:
+        """Whether a request of one can continue on the other: the same weights and tokens."""
+        return (self.card.model_id, self.card.vocab_size, self.card.tokenizer_spec) == (
+            other.card.model_id, other.card.vocab_size, other.card.tokenizer_spec
+        )
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,11 @@ class _Route:
         return msgspec.structs.replace(self.generate, sampling=sampling, output_token_ids=list(self.output_token_ids))
 
 
+Routes = dict[str, _Route]
+# Takes what it can of a lost, draining or refusing engine's requests to another engine; returns the rest.
+Handoff = Callable[["EngineClient", Routes], Routes]
+
+
 class EngineClient:
     def __init__(
         self,
@@ -95,11 +112,16 @@ class EngineClient:
         gateway_id: str | None = None,
         watchdog_s: float = WATCHDOG_S,
         resume_wait_s: float = 0.0,
+        handoff: Handoff | None = None,
     ) -> None:
         self.address = address
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
         self.model: ServedModel | None = None
         self.stats: EngineStats | None = None
+        self.kv_index = KvIndex()
+        self.draining = False
+        self.sent_since_stats = 0  # requests sent after the engine's latest stats
+        self._handoff = handoff or (lambda client, routes: routes)
         self._ready = asyncio.Event()
         self._model_name = model_name
         self._watchdog_s = watchdog_s
@@ -134,6 +156,19 @@ class EngineClient:
         except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             return False
         return True
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new requests may go to this engine: ready and not draining."""
+        return self.ready and not self.draining
+
+    @property
+    def load(self) -> float:
+        """4 x waiting + running, as the engine last reported (vLLM's balancer's measure), plus what
+        this gateway sent since."""
+        stats = self.stats
+        reported = 0 if stats is None else 4 * stats.num_waiting + stats.num_running
+        return reported + self.sent_since_stats
 
     @property
     def num_in_flight(self) -> int:
@@ -175,18 +210,36 @@ class EngineClient:
         self._resume_wait_s = 0.0
         self._fail(self._parked, f"the engine became unavailable ({reason})")
 
-    def submit(self, generates: list[Generate]) -> asyncio.Queue[Output]:
-        """Send the engine requests; their outputs arrive on the returned queue, tagged with their
-        index in generates. Raises ApiError 503 when the engine cannot take them."""
-        if not self.ready:
+    def retire(self, reason: str) -> None:
+        """This engine leaves the pool: its requests in flight go to another engine or fail."""
+        self.stop_resuming(reason)
+        self._lost(reason)
+
+    def submit(self, generates: list[Generate], queue: asyncio.Queue[Output]) -> None:
+        """Send the engine requests; their outputs arrive on queue, tagged with their index in
+        generates. Raises ApiError 503 when the engine cannot take them."""
+        if not self.accepting:
             raise engine_unavailable()
-        queue: asyncio.Queue[Output] = asyncio.Queue()
         for index, generate in enumerate(generates):
             if not self._send(generate):
                 self.release([g.request_id for g in generates[:index]])
                 raise engine_unavailable("the engine is not accepting requests right now")
             self._routes[generate.request_id] = _Route(queue, index, generate)
-        return queue
+        self.sent_since_stats += len(generates)
+
+    def adopt(self, routes: Routes) -> Routes:
+        """Continue another engine's requests here, each after the tokens it already sent; returns
+        those this engine could not take."""
+        if not self.accepting:
+            return routes
+        refused: Routes = {}
+        for request_id, route in routes.items():
+            if self._send(route.resumed()):
+                self._routes[request_id] = route
+            else:
+                refused[request_id] = route
+        self.sent_since_stats += len(routes) - len(refused)
+        return refused
 
     def release(self, request_ids: list[str]) -> None:
         """Stop routing these requests; the ones the engine has not finished are aborted."""
@@ -196,12 +249,7 @@ class EngineClient:
         if unfinished:
             self._send(Abort(unfinished))
 
-    def engine_snapshot(self) -> tuple[str, EngineStats] | None:
-        if self.model is None or self.stats is None:
-            return None
-        return self.model.name, self.stats
-
-    def _send(self, message: Hello | Generate | Abort) -> bool:
+    def _send(self, message: Hello | Generate | Abort | KvSync) -> bool:
         """Send without waiting (so an Abort leaves in the caller's event-loop turn); False if zmq
         could not queue it."""
         assert self._socket is not None
@@ -235,13 +283,15 @@ class EngineClient:
                     self._on_heartbeat(message)
                 elif isinstance(message, Ready):
                     await self._on_ready(message)
+                elif isinstance(message, KvEvents):
+                    self._on_kv_events(message)
                 else:
                     self._on_rejected(message)
             except Exception:
                 logger.exception("failed to handle a %s from the engine", type(message).__name__)
 
     def _on_step_outputs(self, message: StepOutputs, step_started_at: float) -> None:
-        self.stats = message.stats
+        self._set_stats(message.stats)
         routes = self._routes
         for delta in message.outputs:
             route = routes.get(delta.request_id)
@@ -249,14 +299,38 @@ class EngineClient:
                 continue  # finished, aborted or failed here already
             if delta.finish_reason is not None:
                 del routes[delta.request_id]
-            elif self._resume_wait_s:  # kept only for a resume
+            else:  # for a resume on another engine
                 route.output_token_ids.extend(delta.new_token_ids)
             route.queue.put_nowait(Output(route.index, delta, step_started_at))
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
-        self.stats = message.stats
+        self._set_stats(message.stats)
         if self.model is not None and message.engine_id != self.model.engine_id:
             self._lost("the engine restarted")
+        elif message.draining and not self.draining:
+            self.draining = True
+            logger.warning("engine %s (%s) is draining: no new requests go to it", self.address, message.engine_id)
+            self._move_routes(dict(self._routes))
+
+    def _on_kv_events(self, message: KvEvents) -> None:
+        if self.model is not None and message.engine_id == self.model.engine_id and self.kv_index.apply(message):
+            logger.info("missed KV events of engine %s; asking for a snapshot", self.address)
+            self._send(KvSync())
+
+    def _set_stats(self, stats: EngineStats) -> None:
+        self.stats = stats
+        self.sent_since_stats = 0
+
+    def _move_routes(self, routes: Routes) -> Routes:
+        """Hand these routes to another engine; the ones moved stop here (and are aborted here, in
+        case this engine still runs them). Returns the ones that stay."""
+        staying = self._handoff(self, routes)
+        moved = [request_id for request_id in routes if request_id not in staying]
+        for request_id in moved:
+            self._routes.pop(request_id, None)
+        if moved:
+            self._send(Abort(moved))
+        return staying
 
     async def _on_ready(self, message: Ready) -> None:
         if message.protocol_version != PROTOCOL_VERSION:
@@ -272,7 +346,10 @@ class EngineClient:
         if epoch != self._connection_epoch:
             return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
         name = self._model_name or message.model.model_id
-        self.model = ServedModel(name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer)
+        self.model = ServedModel(
+            name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer, block_size=message.block_size
+        )
+        self.draining = False
         self._ready.set()
         self._last_rejection = ""
         if self._parked:
@@ -293,6 +370,8 @@ class EngineClient:
         if code == 503:
             # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
             self._ready.clear()
+            if route is not None and not self._handoff(self, {message.request_id: route}):
+                return  # another engine took it
         if route is not None:
             status = code if code in (400, 503) else 500
             route.queue.put_nowait(Output(route.index, EngineFailure(status, message.message), self._last_message_at))
@@ -328,10 +407,14 @@ class EngineClient:
         self._ready.clear()
         self._connection_epoch += 1
         self.stats = None  # the lost engine's gauges are unknown now, not its last values
+        self.kv_index.clear()
         if not self._routes:
             return
         # The engine may still be alive (only silent): stop it spending work on these.
         self._send(Abort(list(self._routes)))
+        self._routes = self._handoff(self, self._routes)
+        if not self._routes:
+            return
         if self._resume_wait_s <= 0:
             self._fail(self._routes, f"the engine became unavailable ({reason})")
             return
@@ -349,19 +432,12 @@ class EngineClient:
         if new.engine_id == self._parked_engine_id:
             self._fail(parked, "the engine became unavailable (it stopped answering)")
             return
-        if lost is None or (lost.card.model_id, lost.card.vocab_size, lost.card.tokenizer_spec) != (
-            new.card.model_id, new.card.vocab_size, new.card.tokenizer_spec
-        ):
+        if lost is None or not lost.same_model(new):
             self._fail(parked, "the engine became unavailable (it restarted with another model)")
             return
-        resumed = 0
-        for request_id, route in parked.items():
-            if self._send(route.resumed()):
-                self._routes[request_id] = route
-                resumed += 1
-            else:
-                self._fail({request_id: route}, "the engine is not accepting requests right now")
-        logger.info("resumed %d requests in flight on engine %s", resumed, new.engine_id)
+        refused = self.adopt(parked)
+        self._fail(refused, "the engine is not accepting requests right now")
+        logger.info("resumed %d requests in flight on engine %s", len(parked) - len(refused), new.engine_id)
 
     def _fail(self, routes: dict[str, _Route], message: str) -> None:
         failure = EngineFailure(503, message)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from ember_core.output_processor import ChoiceRequest, ChoiceUpdate, OutputProcessor
-from ember_gateway.engine_client import EngineClient, EngineFailure, Output, ServedModel
+from ember_gateway.engine_client import EngineFailure, Output, ServedModel
+from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.metrics import GatewayMetrics
 from ember_proto import FinishReason, Generate
@@ -30,7 +31,7 @@ class _Choice:
 class Generation:
     def __init__(
         self,
-        client: EngineClient,
+        pool: EnginePool,
         model: ServedModel,
         metrics: GatewayMetrics,
         *,
@@ -40,7 +41,7 @@ class Generation:
         timeout: float | None,
         max_pending: int,
     ) -> None:
-        self._client = client
+        self._pool = pool
         self._model = model
         self._metrics = metrics
         self._requests = choices
@@ -64,7 +65,7 @@ class Generation:
                 f"limit of {self._max_pending} in flight",
                 param="n",
             )
-        if self._client.num_in_flight + len(self._requests) > self._max_pending:
+        if self._pool.num_in_flight + len(self._requests) > self._max_pending:
             raise ApiError(
                 429,
                 f"the gateway is at its limit of {self._max_pending} requests in flight; retry shortly",
@@ -74,7 +75,7 @@ class Generation:
             )
         arrival_time = time.time() - (time.monotonic() - self._arrived_at)
         deadline = None if self._timeout is None else arrival_time + self._timeout
-        self._queue = self._client.submit(
+        self._queue = self._pool.submit(
             [
                 Generate(
                     request_id=choice.request_id,
@@ -84,12 +85,13 @@ class Generation:
                     deadline=deadline,
                 )
                 for choice, request in zip(self._choices, self._requests)
-            ]
+            ],
+            self._model.name,
         )
         return self
 
     def __exit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
-        self._client.release([self._choices[index].request_id for index in self._processor.unfinished()])
+        self._pool.release([self._choices[index].request_id for index in self._processor.unfinished()])
 
     async def next_update(self) -> ChoiceUpdate | None:
         """The next update of any choice; None once every choice has finished. Raises ApiError
@@ -123,7 +125,7 @@ class Generation:
 
     def _record(self, choice: _Choice, update: ChoiceUpdate, step_started_at: float) -> None:
         if update.ended_by_stop_string:
-            self._client.release([choice.request_id])
+            self._pool.release([choice.request_id])
         if update.token_ids:
             self._record_tokens(choice, len(update.token_ids), step_started_at)
         if update.finish_reason is not None:

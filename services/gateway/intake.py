@@ -1,5 +1,5 @@
 """Validation, the first step of a request: read the HTTP body, decode it against its schema,
-and check it names the served model."""
+and find the engines' model it names."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _CONTENT_ENCODINGS = ("identity", "gzip", "deflate", "br", "zstd")
 
 async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, ServedModel, Body]:
     state = request.app[STATE]
-    model = await state.await_model()
+    await state.await_models()  # no engine: 503 whatever the body
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in _CONTENT_ENCODINGS:
         raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: use one of {', '.join(_CONTENT_ENCODINGS)}")
@@ -27,6 +27,4 @@ async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewaySt
         cause = exc.__cause__ or exc
         raise ApiError(400, f"the request body could not be read: {getattr(cause, 'message', cause)}") from None
     body = decode_body(raw, body_type)
-    if body.model != model.name:
-        raise ApiError(404, f"The model `{body.model}` does not exist.", param="model", code="model_not_found")
-    return state, model, body
+    return state, await state.await_model(body.model), body

@@ -1,8 +1,10 @@
 """Prometheus metrics, one registry per app.
 
-Engine-wide numbers (running, waiting, KV usage, preemptions, prefix cache) are the engine's latest EngineStats,
-exported as read; every gateway connected to an engine reports the same values. Request metrics
-count what this gateway served.
+Engine-wide numbers (running, waiting, KV usage, preemptions, prefix cache) are each engine's
+latest EngineStats, exported as read with an `engine` label (its address); every gateway connected
+to an engine reports the same values. Request metrics count what this gateway served; routing
+decisions (by reason) and migrations (requests moved off a lost or draining engine) what this
+gateway decided.
 
 ember_request_queue_time_seconds: from a request's arrival at the gateway until the engine step
 that produced its first token began. The engine does not report when it scheduled a request, so
@@ -14,58 +16,64 @@ steps that carried nothing for this gateway.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ember_proto import EngineStats
+from ember_gateway.engine_pool import EnginePool
+from ember_gateway.router import REASONS
 
 LABEL = "model_name"
+ENGINE_LABEL = "engine"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_GAP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-EngineSnapshot = tuple[str, EngineStats]  # (model name, stats)
-
-
-class _EngineStatsCollector(Collector):
-    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
-        self._snapshot = snapshot
+class _PoolCollector(Collector):
+    def __init__(self, pool: EnginePool) -> None:
+        self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
-        running = GaugeMetricFamily("ember_num_requests_running", "Requests the engine is running.", labels=[LABEL])
-        waiting = GaugeMetricFamily("ember_num_requests_waiting", "Requests waiting in the engine.", labels=[LABEL])
+        labels = [LABEL, ENGINE_LABEL]
+        running = GaugeMetricFamily("ember_num_requests_running", "Requests the engine is running.", labels=labels)
+        waiting = GaugeMetricFamily("ember_num_requests_waiting", "Requests waiting in the engine.", labels=labels)
         kv_usage = GaugeMetricFamily(
-            "ember_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels=[LABEL]
+            "ember_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels=labels
         )
-        preemptions = CounterMetricFamily(
-            "ember_num_preemptions", "Preemptions since the engine started.", labels=[LABEL]
-        )
+        preemptions = CounterMetricFamily("ember_num_preemptions", "Preemptions since the engine started.", labels=labels)
         prefix_queries = CounterMetricFamily(
-            "ember_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels=[LABEL]
+            "ember_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels=labels
         )
         prefix_hits = CounterMetricFamily(
-            "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=[LABEL]
+            "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=labels
         )
-        snapshot = self._snapshot()
-        if snapshot is not None:
-            model_name, stats = snapshot
-            running.add_metric([model_name], stats.num_running)
-            waiting.add_metric([model_name], stats.num_waiting)
-            kv_usage.add_metric([model_name], stats.num_kv_blocks_used / max(stats.num_kv_blocks_total, 1))
-            preemptions.add_metric([model_name], stats.num_preemptions)
-            prefix_queries.add_metric([model_name], stats.num_prefix_cache_queries)
-            prefix_hits.add_metric([model_name], stats.num_prefix_cache_hits)
-        yield from (running, waiting, kv_usage, preemptions, prefix_queries, prefix_hits)
+        for engine in self._pool.snapshots():
+            key, stats = [engine.model_name, engine.address], engine.stats
+            running.add_metric(key, stats.num_running)
+            waiting.add_metric(key, stats.num_waiting)
+            kv_usage.add_metric(key, stats.num_kv_blocks_used / max(stats.num_kv_blocks_total, 1))
+            preemptions.add_metric(key, stats.num_preemptions)
+            prefix_queries.add_metric(key, stats.num_prefix_cache_queries)
+            prefix_hits.add_metric(key, stats.num_prefix_cache_hits)
+        routing = CounterMetricFamily(
+            "ember_routing_decisions", "Requests routed to an engine, by the reason it won.", labels=["reason"]
+        )
+        for reason in REASONS:
+            routing.add_metric([reason], self._pool.routing_decisions[reason])
+        migrations = CounterMetricFamily(
+            "ember_request_migrations", "Engine requests moved off a lost, draining or refusing engine to another."
+        )
+        migrations.add_metric([], self._pool.migrations)
+        yield from (running, waiting, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations)
 
 
 class GatewayMetrics:
-    def __init__(self, engine_snapshot: Callable[[], EngineSnapshot | None]) -> None:
+    def __init__(self, pool: EnginePool) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineStatsCollector(engine_snapshot))
+        self.registry.register(_PoolCollector(pool))
         self.prompt_tokens = Counter(
             "ember_prompt_tokens", "Prompt tokens of engine requests that produced a token.", [LABEL],
             registry=self.registry,

@@ -37,7 +37,7 @@ async def respond(
     prompt_tokens: int,
 ) -> web.StreamResponse:
     generation = Generation(
-        state.client,
+        state.pool,
         model,
         state.metrics,
         request_id=request_id,

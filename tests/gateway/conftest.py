@@ -15,6 +15,8 @@ from aiohttp import web
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import GatewayConfig
 from ember_gateway.engine_client import EngineClient
+from ember_gateway.engine_pool import EnginePool
+from ember_gateway.state import STATE
 from tests.gateway.fake_engine import FakeEngine
 from tests.processes import free_port
 
@@ -32,7 +34,12 @@ async def wait_until_async(condition: Callable[[], bool], timeout: float, what: 
 class Gateway:
     url: str
     http: aiohttp.ClientSession
-    client: EngineClient
+    pool: EnginePool
+
+    @property
+    def client(self) -> EngineClient:
+        """The connection to the one engine these tests run."""
+        return next(iter(self.pool.clients.values()))
 
     async def post(self, path: str, body: Any, **kwargs: Any) -> tuple[int, Any]:
         async with self.http.post(path, json=body, **kwargs) as response:
@@ -77,22 +84,20 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
 
     async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True, **config: Any) -> Gateway:
         config.setdefault("engine_wait", 0.2)
-        gateway_config = GatewayConfig(engine_address=engine.address, port=free_port(), **config)
-        client = EngineClient(
-            engine.address,
-            model_name=gateway_config.model_name,
-            watchdog_s=watchdog_s,
-            resume_wait_s=gateway_config.engine_resume_wait,
+        gateway_config = GatewayConfig(
+            engine_addresses=(engine.address,), port=free_port(), engine_timeout=watchdog_s, **config
         )
-        runner = await start_runner(create_app(gateway_config, client), shutdown_timeout=1.0)
+        app = create_app(gateway_config)
+        runner = await start_runner(app, shutdown_timeout=1.0)
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", gateway_config.port).start()
         url = f"http://127.0.0.1:{gateway_config.port}"
         http = aiohttp.ClientSession(base_url=url)
         sessions.append(http)
+        gateway = Gateway(url, http, app[STATE].pool)
         if wait_ready:
-            await wait_until_async(lambda: client.ready, 5.0, "the gateway to see the engine ready")
-        return Gateway(url, http, client)
+            await wait_until_async(lambda: gateway.client.ready, 5.0, "the gateway to see the engine ready")
+        return gateway
 
     yield start
     for http in sessions:

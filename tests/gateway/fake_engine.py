@@ -26,6 +26,8 @@ from ember_proto import (
     Generate,
     Heartbeat,
     Hello,
+    KvEvents,
+    KvSync,
     ModelCard,
     Ready,
     RejectCode,
@@ -79,6 +81,9 @@ class FakeEngine:
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     paused: bool = False  # neither steps nor heartbeats, as a hung engine
     reject_code: RejectCode | None = None  # answer every Generate with this
+    draining: bool = False  # said in every heartbeat
+    block_size: int = 0  # a prefix cache of this block size, holding cached_hashes (sent as a snapshot)
+    cached_hashes: list[bytes] = field(default_factory=list)
     hellos: int = 0
     received: list[Generate] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -145,17 +150,29 @@ class FakeEngine:
                 self._run_step()
             elif loop.time() - last_heartbeat >= self.heartbeat_interval:
                 last_heartbeat = loop.time()
-                for gateway in self._gateways:
-                    self._send(gateway, Heartbeat(self.engine_id, self._stats()))
+                self.heartbeat_now()
 
-    def _handle(self, gateway: bytes, message: Hello | Generate | Abort) -> None:
+    def drain(self) -> None:
+        """As SIGTERM does: every gateway hears at once that no new request may come."""
+        self.draining = True
+        self.heartbeat_now()
+
+    def heartbeat_now(self) -> None:
+        for gateway in self._gateways:
+            self._send(gateway, Heartbeat(self.engine_id, self._stats(), self.draining))
+
+    def _handle(self, gateway: bytes, message: Hello | Generate | Abort | KvSync) -> None:
         if isinstance(message, Hello):
             self.hellos += 1
             if message.protocol_version != self.protocol_version:
                 self._send(gateway, Rejected("", RejectCode.INVALID_REQUEST, "protocol version mismatch"))
                 return
             self._gateways.add(gateway)
-            self._send(gateway, Ready(self.protocol_version, self.engine_id, self.card()))
+            self._send(gateway, Ready(self.protocol_version, self.engine_id, self.card(), self.block_size))
+            if self.block_size:
+                self._send(gateway, KvEvents(self.engine_id, 0, self.cached_hashes, snapshot=True))
+        elif isinstance(message, KvSync):
+            self._send(gateway, KvEvents(self.engine_id, 0, self.cached_hashes, snapshot=True))
         elif isinstance(message, Generate):
             self.received.append(message)
             if self.reject_code is not None:

@@ -10,7 +10,7 @@ def config(argv: list[str]) -> GatewayConfig:
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("EMBER_ENGINE", raising=False)
-    assert config([]) == GatewayConfig(engine_address="tcp://127.0.0.1:5555")
+    assert config([]) == GatewayConfig(engine_addresses=("tcp://127.0.0.1:5555",))
 
 
 def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch):
@@ -23,10 +23,21 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "EMBER_REQUEST_TIMEOUT": "2.5",
         "EMBER_MAX_BODY_BYTES": "65536",
         "EMBER_MODEL_NAME": "served",
+        "EMBER_ROUTING": "load",
     }.items():
         monkeypatch.setenv(name, value)
-    assert config([]) == GatewayConfig("ipc:///tmp/engine.sock", "0.0.0.0", 9000, "k", 8, 2.5, 65536, "served", 30.0)
+    assert config([]) == GatewayConfig(
+        engine_addresses=("ipc:///tmp/engine.sock",), routing="load", host="0.0.0.0", port=9000, api_key="k",
+        max_pending=8, request_timeout=2.5, max_body_bytes=65536, model_name="served",
+    )
     assert config(["--port", "9001", "--max-pending", "3"]).port == 9001  # flags win
+
+
+def test_engines_repeat_or_separate_by_commas(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EMBER_ENGINE", "tcp://a:1,dns+tcp://engines:5555")
+    assert config([]).engine_addresses == ("tcp://a:1", "dns+tcp://engines:5555")
+    argv = ["--engine", "tcp://a:1, tcp://b:2", "--engine", "ipc:///tmp/c"]
+    assert config(argv).engine_addresses == ("tcp://a:1", "tcp://b:2", "ipc:///tmp/c")
 
 
 def test_empty_api_key_from_the_environment_means_no_auth(monkeypatch: pytest.MonkeyPatch):
@@ -38,6 +49,8 @@ def test_empty_api_key_from_the_environment_means_no_auth(monkeypatch: pytest.Mo
     "argv",
     [
         ["--engine", "http://x"],
+        ["--engine", "dns+tcp://engines"],
+        ["--engine", "tcp://h:1", "--routing", "random"],
         ["--engine", "tcp://h:1", "--engine-timeout", "0"],
         ["--engine", "tcp://h:1", "--max-pending", "0"],
         ["--engine", "tcp://h:1", "--port", "x"],
@@ -67,8 +80,9 @@ def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest
         "--port", "9001", "--api-key", "k", "--max-pending", "3", "--request-timeout", "2.5",
         "--max-body-bytes", "65536", "--model-name", "served", "--engine-timeout", "7", "--allowed-origins", "",
     ])
-    argv = _gateway_argv(serve_args, "ipc:///tmp/engine.sock", listen_fd=5)
+    argv = _gateway_argv(serve_args, ["ipc:///tmp/engine.sock"], listen_fd=5)
     assert argv[1:3] == ["-m", "ember_gateway"]
     assert config(argv[3:]) == GatewayConfig(
-        "ipc:///tmp/engine.sock", "127.0.0.1", 9001, "k", 3, 2.5, 65536, "served", 7.0, allowed_origins=(), listen_fd=5
+        engine_addresses=("ipc:///tmp/engine.sock",), port=9001, api_key="k", max_pending=3, request_timeout=2.5,
+        max_body_bytes=65536, model_name="served", engine_timeout=7.0, allowed_origins=(), listen_fd=5,
     )

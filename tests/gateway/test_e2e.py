@@ -112,7 +112,7 @@ async def post_stream(session: aiohttp.ClientSession, url: str, body: Any) -> li
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     async with session.get(f"{url}/metrics") as response:
         for line in (await response.text()).splitlines():
-            if line.startswith(f'{name}{{model_name="{MODEL}"}} '):
+            if line.startswith(f"{name}{{engine=") and f',model_name="{MODEL}"}} ' in line:
                 return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in /metrics")
 

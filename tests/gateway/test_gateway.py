@@ -269,6 +269,7 @@ async def test_metrics(gateway: Gateway):
         assert response.status == 200
         text = await response.text()
     label = 'model_name="fake-model"'
+    engine_label = f'engine="{gateway.client.address}",{label}'
     for line in (
         f"ember_prompt_tokens_total{{{label}}} 10.0",
         f"ember_generation_tokens_total{{{label}}} 9.0",
@@ -278,12 +279,14 @@ async def test_metrics(gateway: Gateway):
         f"ember_e2e_request_latency_seconds_count{{{label}}} 2.0",
         f"ember_request_queue_time_seconds_count{{{label}}} 2.0",
         f"ember_inter_token_latency_seconds_count{{{label}}} 7.0",
-        f"ember_num_preemptions_total{{{label}}} 3.0",
-        f"ember_prefix_cache_queries_total{{{label}}} 64.0",
-        f"ember_prefix_cache_hits_total{{{label}}} 48.0",
-        f"ember_num_requests_running{{{label}}} ",
-        f"ember_num_requests_waiting{{{label}}} 0.0",
-        f"ember_kv_cache_usage_perc{{{label}}} ",
+        f"ember_num_preemptions_total{{{engine_label}}} 3.0",
+        f"ember_prefix_cache_queries_total{{{engine_label}}} 64.0",
+        f"ember_prefix_cache_hits_total{{{engine_label}}} 48.0",
+        f"ember_num_requests_running{{{engine_label}}} ",
+        f"ember_num_requests_waiting{{{engine_label}}} 0.0",
+        f"ember_kv_cache_usage_perc{{{engine_label}}} ",
+        'ember_routing_decisions_total{reason="prefix"} 0.0',
+        "ember_request_migrations_total 0.0",
     ):
         assert line in text, line
 

@@ -1,0 +1,223 @@
+"""The engines behind a gateway: one EngineClient each, found from fixed addresses or a DNS name
+re-resolved every few seconds, and the router that picks one per request.
+
+A request goes to an engine serving its model. One that is lost, draining or refusing new work
+hands its requests in flight to another engine of the same model, which continues each from the
+tokens it already sent; each such move counts as a migration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ember_core.cache.block_hash import prompt_block_hashes
+from ember_gateway.engine_client import EngineClient, Output, Routes, ServedModel
+from ember_gateway.errors import engine_unavailable
+from ember_gateway.router import Candidate, choose
+from ember_proto import EngineStats, Generate
+
+logger = logging.getLogger(__name__)
+
+DNS_SCHEME = "dns+tcp://"
+DNS_INTERVAL_S = 2.0
+READY_POLL_S = 0.05
+
+Resolve = Callable[[str, int], Awaitable[list[str]]]  # (name, port) -> IP addresses
+
+
+async def resolve_ips(name: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return sorted({info[4][0] for info in infos})
+
+
+def tcp_address(ip: str, port: int) -> str:
+    return f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    address: str
+    model_name: str
+    stats: EngineStats
+
+
+class EnginePool:
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        routing: str = "kv",
+        model_name: str | None = None,
+        watchdog_s: float = 30.0,
+        resume_wait_s: float = 0.0,
+        resolve: Resolve = resolve_ips,
+    ) -> None:
+        """addresses: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT (every address NAME has)."""
+        self._static = [address for address in addresses if not address.startswith(DNS_SCHEME)]
+        self._names = [_name_and_port(address) for address in addresses if address.startswith(DNS_SCHEME)]
+        self._routing = routing
+        self._client_options = {"model_name": model_name, "watchdog_s": watchdog_s, "resume_wait_s": resume_wait_s}
+        self._resolve = resolve
+        self.clients: dict[str, EngineClient] = {}
+        self.routing_decisions: Counter[str] = Counter()
+        self.migrations = 0
+        self._turns = itertools.count()
+        self._dns_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        for address in self._static:
+            await self._add(address)
+        if self._names:
+            await self._refresh_dns()
+            self._dns_task = asyncio.create_task(self._dns_loop(), name="dns")
+
+    async def close(self) -> None:
+        if self._dns_task is not None:
+            self._dns_task.cancel()
+            await asyncio.gather(self._dns_task, return_exceptions=True)
+        await asyncio.gather(*(client.close() for client in self.clients.values()))
+
+    @property
+    def ready(self) -> bool:
+        """Whether at least one engine takes requests."""
+        return any(client.accepting for client in self.clients.values())
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Whether an engine takes requests now or does within timeout seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.ready and loop.time() < deadline:
+            await asyncio.sleep(READY_POLL_S)
+        return self.ready
+
+    def models(self) -> list[ServedModel]:
+        """Each model an engine taking requests serves, once (the first such engine's card)."""
+        served: dict[str, ServedModel] = {}
+        for client in self._accepting():
+            assert client.model is not None
+            served.setdefault(client.model.name, client.model)
+        return list(served.values())
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(client.num_in_flight for client in self.clients.values())
+
+    def snapshots(self) -> list[EngineSnapshot]:
+        return [
+            EngineSnapshot(address, client.model.name, client.stats)
+            for address, client in self.clients.items()
+            if client.model is not None and client.stats is not None
+        ]
+
+    def submit(self, generates: list[Generate], model_name: str) -> asyncio.Queue[Output]:
+        """Send one HTTP request's engine requests, all to the engine the router picks among those
+        serving model_name; outputs arrive on the returned queue. ApiError 503 when none can."""
+        candidates = [client for client in self._accepting() if client.model.name == model_name]
+        if not candidates:
+            raise engine_unavailable()
+        client = self._pick(candidates, generates[0].prompt_token_ids)
+        queue: asyncio.Queue[Output] = asyncio.Queue()
+        client.submit(generates, queue)
+        return queue
+
+    def release(self, request_ids: list[str]) -> None:
+        """Stop routing these requests; the ones an engine has not finished are aborted there."""
+        for client in self.clients.values():
+            client.release(request_ids)
+
+    def stop_resuming(self, reason: str) -> None:
+        for client in self.clients.values():
+            client.stop_resuming(reason)
+
+    def _accepting(self) -> list[EngineClient]:
+        return [client for client in self.clients.values() if client.accepting and client.model is not None]
+
+    def _pick(self, candidates: list[EngineClient], prompt_ids: list[int]) -> EngineClient:
+        turn = next(self._turns)
+        if len(candidates) == 1:
+            return candidates[0]
+        hashes_by_size: dict[int, list[bytes]] = {}
+
+        def hashes(client: EngineClient) -> list[bytes]:
+            size = client.model.block_size
+            if size not in hashes_by_size:
+                hashes_by_size[size] = prompt_block_hashes(prompt_ids, size)
+            return hashes_by_size[size]
+
+        kv = self._routing == "kv"
+        scored = [
+            Candidate(client.load, client.kv_index.cached_prefix(hashes(client)) if kv and client.model.block_size else 0)
+            for client in candidates
+        ]
+        block_size = candidates[0].model.block_size or 1
+        decision = choose(scored, self._routing, (len(prompt_ids) - 1) // block_size, turn)
+        self.routing_decisions[decision.reason] += 1
+        chosen = candidates[decision.index]
+        if kv and chosen.model.block_size:
+            chosen.kv_index.expect(hashes(chosen))
+        return chosen
+
+    def _handoff(self, source: EngineClient, routes: Routes) -> Routes:
+        """Continue a lost, draining or refusing engine's requests on the least loaded other engine
+        of the same model; returns those none took."""
+        if source.model is None or not routes:
+            return routes
+        targets = sorted(
+            (c for c in self._accepting() if c is not source and c.model.same_model(source.model)),
+            key=lambda client: client.load,
+        )
+        for target in targets:
+            left = target.adopt(routes)
+            moved = len(routes) - len(left)
+            if moved:
+                self.migrations += moved
+                logger.warning("moved %d requests in flight from engine %s to %s", moved, source.address, target.address)
+            routes = left
+            if not routes:
+                break
+        return routes
+
+    async def _add(self, address: str) -> None:
+        client = EngineClient(address, handoff=self._handoff, **self._client_options)
+        self.clients[address] = client
+        await client.start()
+        logger.info("engine %s joined", address)
+
+    async def _remove(self, address: str) -> None:
+        client = self.clients[address]
+        client.retire("its address left DNS")
+        del self.clients[address]
+        await client.close()
+        logger.info("engine %s left", address)
+
+    async def _dns_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DNS_INTERVAL_S)
+            try:
+                await self._refresh_dns()
+            except Exception:
+                logger.exception("engine discovery by DNS failed; keeping the engines known")
+
+    async def _refresh_dns(self) -> None:
+        wanted: set[str] = set(self._static)
+        for name, port in self._names:
+            try:
+                wanted.update(tcp_address(ip, port) for ip in await self._resolve(name, port))
+            except OSError as exc:  # a name with no address yet (no engine up), or a resolver hiccup
+                logger.debug("cannot resolve %s: %s", name, exc)
+                wanted.update(a for a in self.clients if a not in self._static)  # keep what we had
+        for address in sorted(wanted - set(self.clients)):
+            await self._add(address)
+        for address in sorted(set(self.clients) - wanted):
+            await self._remove(address)
+
+
+def _name_and_port(address: str) -> tuple[str, int]:
+    host, _, port = address[len(DNS_SCHEME):].rpartition(":")
+    return host.strip("[]"), int(port)

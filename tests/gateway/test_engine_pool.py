@@ -1,0 +1,192 @@
+"""A gateway in front of several (fake) engines: routing, discovery by DNS, and requests that move
+to another engine when theirs is killed or drains."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from ember_core.cache.block_hash import prompt_block_hashes
+from ember_gateway import engine_pool
+from ember_gateway.app import create_app, start_runner
+from ember_gateway.config import GatewayConfig
+from ember_gateway.engine_pool import EnginePool
+from ember_gateway.kv_index import KvIndex
+from ember_gateway.router import Candidate, Decision, choose
+from ember_proto import KvEvents
+from tests.gateway.conftest import parse_sse, wait_until_async
+from tests.gateway.fake_engine import FakeEngine
+from tests.processes import free_port
+
+PROMPT = "a shared system prompt, then the question"
+
+
+class Front:
+    """A gateway app over a pool, and an HTTP session to it."""
+
+    def __init__(self, pool: EnginePool, http: aiohttp.ClientSession) -> None:
+        self.pool = pool
+        self.http = http
+
+    async def complete(self, prompt: str = PROMPT, **fields: Any) -> tuple[int, Any]:
+        body = {"model": "fake-model", "prompt": prompt, "max_tokens": 3, **fields}
+        async with self.http.post("/v1/completions", json=body) as response:
+            return response.status, await response.json()
+
+    async def stream(self, **fields: Any) -> list[Any]:
+        body = {"model": "fake-model", "prompt": PROMPT, "stream": True, **fields}
+        async with self.http.post("/v1/completions", json=body) as response:
+            assert response.status == 200
+            return parse_sse(await response.text())
+
+    async def metrics(self) -> str:
+        async with self.http.get("/metrics") as response:
+            return await response.text()
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[list[FakeEngine]]:
+    fakes = [FakeEngine(f"tcp://127.0.0.1:{free_port()}") for _ in range(2)]
+    for fake in fakes:
+        await fake.start()
+    yield fakes
+    for fake in fakes:
+        await fake.stop()
+
+
+@pytest.fixture
+async def start_front() -> AsyncIterator[Any]:
+    cleanups: list[Any] = []
+
+    async def start(addresses: list[str], routing: str = "round-robin", wait_for: int | None = None, **pool_args: Any) -> Front:
+        config = GatewayConfig(engine_addresses=tuple(addresses), routing=routing, port=free_port(), engine_timeout=3.0)
+        pool = EnginePool(addresses, routing=routing, watchdog_s=3.0, **pool_args)
+        runner = await start_runner(create_app(config, pool), shutdown_timeout=1.0)
+        await web.TCPSite(runner, "127.0.0.1", config.port).start()
+        http = aiohttp.ClientSession(base_url=f"http://127.0.0.1:{config.port}")
+        cleanups.extend([http.close, runner.cleanup])
+        count = len(addresses) if wait_for is None else wait_for
+        await wait_until_async(lambda: sum(c.accepting for c in pool.clients.values()) >= count, 5.0, "engines ready")
+        return Front(pool, http)
+
+    yield start
+    for cleanup in cleanups:
+        await cleanup()
+
+
+async def test_requests_spread_over_the_engines_and_the_model_is_listed_once(engines, start_front):
+    front = await start_front([engine.address for engine in engines])
+    for _ in range(4):
+        status, body = await front.complete()
+        assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert [len(engine.received) for engine in engines] == [2, 2]
+    async with front.http.get("/v1/models") as response:
+        assert [model["id"] for model in (await response.json())["data"]] == ["fake-model"]
+    async with front.http.get("/health") as response:
+        health = await response.json()
+    assert response.status == 200 and sorted(health["engines"]) == sorted(e.address for e in engines)
+    assert 'ember_routing_decisions_total{reason="round_robin"} 4.0' in await front.metrics()
+
+
+async def test_kv_routing_sends_a_prompt_to_the_engine_holding_its_prefix(engines, start_front):
+    holder, other = engines
+    prompt_ids = list(PROMPT.encode())  # the fake engines' byte tokenizer
+    for engine in engines:
+        engine.block_size = 4
+    holder.cached_hashes = prompt_block_hashes(prompt_ids, 4)
+    front = await start_front([other.address, holder.address], routing="kv")
+    await wait_until_async(lambda: len(front.pool.clients[holder.address].kv_index) > 0, 5.0, "the snapshot")
+    for _ in range(3):
+        assert (await front.complete())[0] == 200
+    assert (len(holder.received), len(other.received)) == (3, 0)
+    await front.complete(prompt="something else entirely")  # no engine holds it: the other one, idler
+    assert 'ember_routing_decisions_total{reason="prefix"} 3.0' in await front.metrics()
+
+
+async def test_a_killed_engine_s_stream_goes_on_from_another_without_an_error(engines, start_front):
+    first, second = engines
+    for engine in engines:
+        engine.step_interval = 0.05
+    front = await start_front([first.address, second.address])
+    stream = asyncio.create_task(front.stream(max_tokens=20))
+    await wait_until_async(lambda: first.num_running == 1 and _produced(first) >= 4, 5.0, "tokens from the first engine")
+    await first.stop()
+    events = await stream
+    text = "".join(event["choices"][0]["text"] for event in events[:-1] if event["choices"])
+    assert not [event for event in events if isinstance(event, dict) and "error" in event]
+    assert text == first.tokenizer.decode(first.reply_ids[:20])  # every token once, in order
+    resumed = second.received[-1]
+    assert 4 <= len(resumed.output_token_ids) < 20 and resumed.request_id == first.received[-1].request_id
+    assert "ember_request_migrations_total 1.0" in await front.metrics()
+
+
+async def test_a_draining_engine_gets_no_new_requests_and_hands_over_its_own(engines, start_front):
+    first, second = engines
+    first.step_interval = 0.05
+    front = await start_front([first.address, second.address])
+    stream = asyncio.create_task(front.stream(max_tokens=20))
+    await wait_until_async(lambda: first.num_running == 1 and _produced(first) >= 2, 5.0, "tokens from the first engine")
+    first.drain()
+    events = await stream
+    assert not [event for event in events if isinstance(event, dict) and "error" in event]
+    assert second.received[-1].output_token_ids  # it went on from where it was
+    for _ in range(3):
+        assert (await front.complete())[0] == 200
+    assert len(first.received) == 1 and first.aborted == [first.received[0].request_id]
+
+
+async def test_a_dns_name_s_engines_are_followed_as_they_come_and_go(start_front, monkeypatch):
+    monkeypatch.setattr(engine_pool, "DNS_INTERVAL_S", 0.1)
+    port = free_port()
+    fakes = [FakeEngine(f"tcp://127.0.0.{host}:{port}") for host in (1, 2)]
+    for fake in fakes:
+        await fake.start()
+    answers = {"now": ["127.0.0.1"]}
+
+    async def resolve(name: str, resolve_port: int) -> list[str]:
+        assert (name, resolve_port) == ("engines.internal", port)
+        return answers["now"]
+
+    try:
+        front = await start_front([f"dns+tcp://engines.internal:{port}"], resolve=resolve)
+        answers["now"] = ["127.0.0.1", "127.0.0.2"]
+        await wait_until_async(lambda: sum(c.accepting for c in front.pool.clients.values()) == 2, 5.0, "the new engine")
+        answers["now"] = ["127.0.0.2"]
+        await wait_until_async(lambda: list(front.pool.clients) == [fakes[1].address], 5.0, "the old engine gone")
+        assert (await front.complete())[0] == 200
+        assert len(fakes[1].received) == 1
+    finally:
+        for fake in fakes:
+            await fake.stop()
+
+
+def _produced(engine: FakeEngine) -> int:
+    return max((running.produced for running in engine._running.values()), default=0)
+
+
+def test_kv_index_applies_batches_in_order_and_asks_for_a_snapshot_after_a_gap() -> None:
+    index = KvIndex()
+    assert not index.apply(KvEvents("e", 2, [b"a", b"b"], snapshot=True))
+    assert not index.apply(KvEvents("e", 3, [b"c"], [b"a"]))
+    assert index.cached_prefix([b"b", b"c", b"d"]) == 2 and index.cached_prefix([b"a", b"b"]) == 0
+    assert index.apply(KvEvents("e", 5, [b"x"]))  # 4 went missing: ask once
+    assert not index.apply(KvEvents("e", 6, [b"y"]))  # and wait for the snapshot
+    assert len(index) == 2
+    assert not index.apply(KvEvents("e", 6, [b"x", b"y"], snapshot=True))
+    assert not index.apply(KvEvents("e", 7, [b"z"]))
+    assert index.cached_prefix([b"x", b"y", b"z"]) == 3
+
+
+def test_the_router_prefers_the_engine_holding_the_prompt_and_guards_against_imbalance() -> None:
+    idle, holder = Candidate(load=0, cached_blocks=0), Candidate(load=4, cached_blocks=40)
+    assert choose([idle, holder], "kv", 63, turn=0) == Decision(1, "prefix")  # holds 40 of 63 blocks
+    assert choose([idle, Candidate(load=4, cached_blocks=20)], "kv", 63, turn=0) == Decision(0, "load")  # under half
+    assert choose([idle, holder], "load", 63, turn=0) == Decision(0, "load")
+    assert choose([idle, Candidate(load=40, cached_blocks=60)], "kv", 63, turn=0) == Decision(0, "imbalance")
+    assert [choose([idle, idle], "round-robin", 1, turn=t).index for t in range(4)] == [0, 1, 0, 1]
+    assert [choose([idle, idle], "kv", 8, turn=t).index for t in range(4)] == [0, 1, 0, 1]  # ties rotate
