@@ -24,7 +24,7 @@ RUN pip install --no-deps . && rm -rf /src/build
 
 USER ember
 WORKDIR /home/ember
-ENV EMBER_HOST=0.0.0.0 EMBER_PORT=8000 EMBER_ENGINE=tcp://engine:5555
+ENV EMBER_HOST=0.0.0.0 EMBER_PORT=8000 EMBER_ENGINE=dns+tcp://engine:5555
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"EMBER_PORT\"]}/health', timeout=2)"]

@@ -67,6 +67,26 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     serve.set_defaults(bench_handler=_serve)
     add_log_level_argument(serve, default=argparse.SUPPRESS)  # as `ember --log-level L bench serve`
 
+    routing = commands.add_parser(
+        "routing", help="conversations through `ember serve --data-parallel-size N` under each routing mode"
+    )
+    routing.add_argument("--workload", required=True, metavar="PATH",
+                         help="conversations JSON (python -m ember_bench.conversations makes one)")
+    routing.add_argument("--model", default=DEFAULT_MODEL, help="what ember serve loads")
+    routing.add_argument("--data-parallel-size", type=int, default=2, metavar="N", help="engines, the cores split")
+    routing.add_argument("--routing", default="kv,load,round-robin", metavar="MODES",
+                         help="comma-separated gateway routing modes, each on a fresh server")
+    routing.add_argument("--concurrency", type=int, metavar="C", help="most turns in flight (default: every user)")
+    routing.add_argument("--user-rate", type=float, metavar="R",
+                         help="conversations starting per second, Poisson arrivals (default: all at once)")
+    routing.add_argument("--seed", type=int, default=0, help="for the arrivals")
+    routing.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds before a turn fails")
+    routing.add_argument("--serve-args", default="", metavar="ARGS",
+                         help="more `ember serve` flags, as one string, e.g. '--kv-cache-mib 256'")
+    routing.add_argument("--output-json", metavar="PATH", help="write the configuration and every run here")
+    routing.set_defaults(bench_handler=_routing)
+    add_log_level_argument(routing, default=argparse.SUPPRESS)
+
     offline = commands.add_parser("offline", help="the in-process engine across batching, admission and dtype settings")
     add_log_level_argument(offline, default=argparse.SUPPRESS)
     _add_workload_arguments(offline, "words, or token ids when the model has no tokenizer")
@@ -149,6 +169,31 @@ def _serve(args: argparse.Namespace) -> int:
             "config": {**settings, "model": run.model}, "metrics": run.metrics,
         })
     return 0 if run.metrics.completed else 1
+
+
+def _routing(args: argparse.Namespace) -> int:
+    import shlex
+
+    from ember_bench.conversations import load_conversations
+    from ember_bench.report import write_json
+    from ember_bench.routing import RoutingSetup, routing_table, run_routing
+
+    setup = RoutingSetup(
+        model=args.model, data_parallel_size=args.data_parallel_size, extra_serve_args=tuple(shlex.split(args.serve_args)),
+        timeout_s=args.timeout, concurrency=args.concurrency, user_rate=args.user_rate, seed=args.seed,
+    )
+    workload = load_conversations(args.workload)
+    runs = []
+    for run in run_routing(setup, workload, _names(args.routing)):
+        runs.append(run)
+        print(routing_table([run]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(routing_table(runs))
+    if args.output_json:
+        write_json(args.output_json, {
+            "benchmark": "routing", "timestamp": _now(), "workload": args.workload, "config": setup,
+            "runs": [{**dataclasses.asdict(run), "computed_tokens": run.computed_tokens} for run in runs],
+        })
+    return 0 if all(run.failed == 0 for run in runs) else 1
 
 
 def _offline(args: argparse.Namespace) -> int:

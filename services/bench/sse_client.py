@@ -57,6 +57,7 @@ async def _stream(
                 raise RequestFailed(f"error event: {_error_message(event)}")
             text = "".join(choice.get("text") or "" for choice in event.get("choices") or [])
             if text:
+                result.text += text
                 now = time.perf_counter()
                 if num_chunks == 0:
                     result.ttft = now - start

@@ -22,6 +22,7 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0  # e2e: until the last content chunk arrived
     itl: list[float] = field(default_factory=list)
+    text: str = ""  # what the stream said, for a conversation's next turn
 
 
 def tpot(result: RequestResult) -> float | None:

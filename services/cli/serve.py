@@ -1,5 +1,6 @@
-"""`ember serve` / `ember-serve`: one engine and one gateway as child processes, signals forwarded,
-a child that dies after serving restarted (the gateway picks up the new engine by itself)."""
+"""`ember serve` / `ember-serve`: engines (one, or --data-parallel-size N, the cores split between
+them) and one gateway routing across them, as child processes; signals forwarded, a child that
+dies after serving restarted (the gateway picks up the new engine by itself)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,32 @@ RESTART_WINDOW_SECONDS = 600.0
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember-serve", description="serve a model on an OpenAI-compatible HTTP API")
     add_engine_arguments(parser)
+    parser.add_argument(
+        "--data-parallel-size", type=_positive_int, default=os.environ.get("EMBER_DATA_PARALLEL_SIZE", "1"),
+        help="engines to start, each with its share of the cores, behind one gateway (EMBER_DATA_PARALLEL_SIZE)",
+    )
     add_gateway_arguments(parser)
     add_log_level_argument(parser)
     return parser
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def split_cores(cores: list[int], parts: int) -> list[list[int]]:
+    """Contiguous shares of the cores, as even as they go; more parts than cores share them."""
+    if parts > len(cores):
+        return [[cores[i % len(cores)]] for i in range(parts)]
+    size, extra = divmod(len(cores), parts)
+    shares, start = [], 0
+    for index in range(parts):
+        end = start + size + (index < extra)
+        shares.append(cores[start:end])
+        start = end
+    return shares
 
 
 def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
@@ -43,8 +67,9 @@ def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
     return argv
 
 
-def _gateway_argv(args: argparse.Namespace, engine_address: str, listen_fd: int) -> list[str]:
-    argv = [sys.executable, "-m", "ember_gateway", "--engine", engine_address, "--log-level", args.log_level]
+def _gateway_argv(args: argparse.Namespace, engine_addresses: list[str], listen_fd: int) -> list[str]:
+    engines = ",".join(engine_addresses)
+    argv = [sys.executable, "-m", "ember_gateway", "--engine", engines, "--log-level", args.log_level]
     return argv + gateway_options_argv(args) + ["--listen-fd", str(listen_fd)]
 
 
@@ -82,11 +107,12 @@ class Child:
     the server ever became healthy (a bad flag, a model that does not load): that ends
     `ember serve` instead of looping."""
 
-    def __init__(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+    def __init__(self, name: str, argv: list[str], pass_fds: tuple[int, ...] = (), cores: list[int] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.pass_fds = pass_fds
-        self.process = subprocess.Popen(argv, pass_fds=pass_fds)
+        self.cores = cores  # the CPUs it may run on, and as many threads; None: all, as the OS decides
+        self.process = self._start()
         self.served = False
         self.restarts: list[float] = []
 
@@ -102,8 +128,18 @@ class Child:
             return False
         print(f"ember: the {self.name} exited with {cause}; restarting it", file=sys.stderr, flush=True)
         self.restarts.append(now)
-        self.process = subprocess.Popen(self.argv, pass_fds=self.pass_fds)
+        self.process = self._start()
         return True
+
+    def _start(self) -> subprocess.Popen:
+        if self.cores is None:
+            return subprocess.Popen(self.argv, pass_fds=self.pass_fds)
+        cores = self.cores
+        env = {**os.environ, "OMP_NUM_THREADS": str(len(cores))}
+        return subprocess.Popen(
+            self.argv, pass_fds=self.pass_fds, env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores),  # noqa: PLW1509 (the launcher runs no threads)
+        )
 
 
 def _healthy(url: str) -> bool:
@@ -112,6 +148,18 @@ def _healthy(url: str) -> bool:
             return response.status == 200
     except (OSError, ValueError):
         return False
+
+
+def _start_engines(args: argparse.Namespace, run_dir: str) -> list[tuple[str, Child]]:
+    if args.data_parallel_size == 1:
+        address = f"ipc://{run_dir}/engine.sock"
+        return [(address, Child("engine", _engine_argv(args, address)))]
+    engines = []
+    for index, cores in enumerate(split_cores(sorted(os.sched_getaffinity(0)), args.data_parallel_size)):
+        address = f"ipc://{run_dir}/engine-{index}.sock"
+        print(f"ember: engine {index}: {len(cores)} threads on cores {cores}", file=sys.stderr, flush=True)
+        engines.append((address, Child(f"engine {index}", _engine_argv(args, address), cores=cores)))
+    return engines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,10 +171,10 @@ def main(argv: list[str] | None = None) -> None:
         local_host = f"[{local_host}]"
     health_url = f"http://{local_host}:{port}/health"
     with listener, tempfile.TemporaryDirectory(prefix="ember-") as run_dir:
-        address = f"ipc://{run_dir}/engine.sock"
-        engine = Child("engine", _engine_argv(args, address))
-        gateway = Child("gateway", _gateway_argv(args, address, listener.fileno()), pass_fds=(listener.fileno(),))
-        children = [gateway, engine]  # the gateway stops first so clients see a clean close
+        engines = _start_engines(args, run_dir)
+        addresses = [address for address, _ in engines]
+        gateway = Child("gateway", _gateway_argv(args, addresses, listener.fileno()), pass_fds=(listener.fileno(),))
+        children = [gateway] + [engine for _, engine in engines]  # the gateway stops first: clients see a clean close
         stop_requested = failed = False
 
         def on_signal(*_) -> None:

@@ -171,3 +171,11 @@ def test_log_level_after_a_subcommand_or_before_it(monkeypatch: pytest.MonkeyPat
     assert parser.parse_args(["generate", "--log-level", "debug", "hi"]).log_level == "DEBUG"
     assert parser.parse_args(["--log-level", "error", "generate", "hi"]).log_level == "ERROR"
     assert parser.parse_args(["generate", "hi"]).log_level is None  # WARNING, set by main
+
+
+def test_data_parallel_engines_get_even_contiguous_shares_of_the_cores() -> None:
+    from ember_cli.serve import split_cores
+
+    assert split_cores([0, 1, 2, 3, 4], 2) == [[0, 1, 2], [3, 4]]
+    assert split_cores([0, 1], 2) == [[0], [1]]
+    assert split_cores([0, 1], 3) == [[0], [1], [0]]  # more engines than cores: they share

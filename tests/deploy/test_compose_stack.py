@@ -2,7 +2,7 @@
 nginx as a user would reach it. Deselected from `make test` (it installs and runs dockerd and builds
 ~2 GB of images); `make compose-smoke` runs it, and CI runs that beside the tests. It skips, saying
 why, where dockerd cannot run. The tests share one stack and run in file order: the last ones scale
-the gateways and kill the engine."""
+the gateways and the engines, and kill the engine."""
 
 from __future__ import annotations
 
@@ -150,6 +150,40 @@ def test_scaled_gateways_share_requests_and_scaling_back_loses_none(stack: Stack
         durations.append(time.monotonic() - started)
     print(f"\ncompose smoke: after scaling back to 1 gateway, the slowest of 15 requests took {max(durations):.2f} s")
     assert max(durations) < 5
+
+
+def test_scaled_engines_share_requests_and_scaling_back_loses_none(stack: Stack) -> None:
+    def engines_seen() -> int:
+        with urllib.request.urlopen(f"{stack.url}/health", timeout=10) as response:
+            return len(json.load(response)["engines"])
+
+    def prompts_by_engine() -> dict[str, float]:
+        with urllib.request.urlopen(f"{stack.url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        found = (re.match(r'ember_prefix_cache_queries_total\{engine="([^"]+)".*\} (\S+)$', line) for line in lines)
+        return {match[1]: float(match[2]) for match in found if match}
+
+    stack.compose("up", "-d", "--scale", "engine=2")
+    wait_until(lambda: all_healthy(stack, "engine", 2), 300, "two healthy engines", 1)
+    wait_until(lambda: engines_seen() == 2, 30, "the gateway to find the second engine by DNS", 1)
+    before = prompts_by_engine()
+    for index in range(20):  # unrelated prompts: the router spreads them by load
+        reply = stack.client().completions.create(model=MODEL, prompt=f"Fact {index}: the sky", max_tokens=2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+    after = prompts_by_engine()
+    assert len(after) == 2 and all(after[engine] > before.get(engine, 0) for engine in after), (before, after)
+
+    streams = [
+        stack.client().completions.create(
+            model=MODEL, prompt=f"Story {index}:", max_tokens=64, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        for index in range(4)
+    ]
+    stack.compose("up", "-d", "--scale", "engine=1")  # one engine drains and stops under the streams
+    usages = [[chunk.usage for chunk in stream if chunk.usage] for stream in streams]
+    assert [[usage.completion_tokens for usage in usage_chunks] for usage_chunks in usages] == [[64]] * 4
+    wait_until(lambda: engines_seen() == 1, 30, "the gateway to drop the removed engine", 1)
 
 
 def test_a_killed_engine_process_is_restarted_and_serves_again(stack: Stack) -> None:

@@ -75,7 +75,7 @@ def test_compose_names_only_files_ports_and_images_that_exist() -> None:
     assert services["lb"]["ports"] == ["${EMBER_HTTP_PORT:-8000}:8000"]
     nginx_mount = services["lb"]["volumes"][0].split(":")[0]
     assert (ROOT / nginx_mount).is_file()
-    assert services["gateway"]["environment"]["EMBER_ENGINE"] == "tcp://engine:5555"
+    assert services["gateway"]["environment"]["EMBER_ENGINE"] == "dns+tcp://engine:5555"  # every scaled engine
     assert services["engine"]["environment"]["EMBER_BIND"] == "tcp://0.0.0.0:5555"
 
 
@@ -108,6 +108,11 @@ def test_kubernetes_manifests_parse_and_match_the_images() -> None:
         dockerfile = DEPLOY / f"{container['name']}.Dockerfile"
         assert re.search(rf"^EXPOSE {port}$", dockerfile.read_text(), flags=re.M)
         assert container["readinessProbe"] and container["livenessProbe"] and container["resources"]["requests"]
+    engine_service = next(d for d in documents if (d["kind"], d["metadata"]["name"]) == ("Service", "ember-engine"))
+    assert engine_service["spec"]["clusterIP"] == "None"  # headless: the gateways resolve every engine pod
+    gateway = next(d for d in documents if (d["kind"], d["metadata"]["name"]) == ("Deployment", "ember-gateway"))
+    env = {e["name"]: e["value"] for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["EMBER_ENGINE"] == "dns+tcp://ember-engine:5555"
     kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     assert all((DEPLOY / "k8s" / r).is_file() for r in kustomization["resources"])
     gpu = yaml.safe_load((DEPLOY / "k8s" / "gpu" / "kustomization.yaml").read_text())

@@ -15,7 +15,6 @@ import pytest
 
 from ember_core import LLM, SamplingParams
 from tests.gateway.conftest import parse_sse
-from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
 from tests.processes import (
     STARTUP_TIMEOUT_S,
     engine_argv,
@@ -31,11 +30,6 @@ PROMPTS = [f"Request number {i}: the {word} of the day is" for i, word in enumer
     ["weather", "menu", "plan", "news", "word", "song", "idea", "price", "score", "quote", "joke", "fact"]
 )]
 MAX_TOKENS = 12
-
-
-@pytest.fixture(scope="module")
-def model_dir(gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model_with_tokenizer(gpt2_dir, tmp_path_factory.mktemp("serving") / "gpt2-bpe")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,154 @@
+"""`ember bench routing`: the same conversations through `ember serve --data-parallel-size N`
+under each routing mode, one fresh server (cold caches) per mode, in one run. Per mode: prompt
+tokens the engines computed (looked up in their prefix caches and not found, from /metrics),
+the hit rate, TTFT p50/p90 and output throughput."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember_bench.conversations import ConversationWorkload, TurnResult, run_conversations
+
+STARTUP_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class RoutingSetup:
+    model: str
+    data_parallel_size: int = 2
+    extra_serve_args: tuple[str, ...] = ()  # more `ember serve` flags, e.g. --kv-cache-mib
+    timeout_s: float = 600.0
+    concurrency: int | None = None
+    user_rate: float | None = None  # conversations starting per second; None: all at once
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RoutingRun:
+    routing: str
+    turns: int
+    failed: int
+    duration_s: float
+    prompt_tokens: int  # looked up in the engines' prefix caches
+    cached_tokens: int  # found there
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    output_throughput: float
+    decisions: dict[str, float]  # the gateway's routing decisions by reason
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def run_routing(setup: RoutingSetup, workload: ConversationWorkload, modes: list[str]) -> Iterator[RoutingRun]:
+    for routing in modes:
+        with _server(setup, routing) as url:
+            started = time.monotonic()
+            turns = asyncio.run(run_conversations(
+                url, _served_model(url), workload, setup.timeout_s, setup.concurrency, setup.user_rate, setup.seed
+            ))
+            duration = time.monotonic() - started
+            yield _summary(routing, turns, duration, _metrics(url))
+
+
+@contextmanager
+def _server(setup: RoutingSetup, routing: str) -> Iterator[str]:
+    port = _free_port()
+    argv = [
+        sys.executable, "-m", "ember_cli", "serve", "--model", setup.model, "--port", str(port),
+        "--data-parallel-size", str(setup.data_parallel_size), "--routing", routing, "--log-level", "WARNING",
+        *setup.extra_serve_args,
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while _engines_ready(url) < setup.data_parallel_size:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ember serve --routing {routing} did not come up: {' '.join(argv)}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def _engines_ready(url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return len(json.load(response)["engines"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _served_model(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+        return json.load(response)["data"][0]["id"]
+
+
+def _metrics(url: str) -> dict[str, dict[str, float]]:
+    """Each series summed over its labels but one: {name: {label value: total}}."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    totals: dict[str, dict[str, float]] = {}
+    for name, labels, value in re.findall(r"^(ember_\w+?)(?:\{(.*)\})? (\S+)$", text, flags=re.MULTILINE):
+        reason = re.search(r'reason="(\w+)"', labels)
+        key = reason[1] if reason else ""
+        totals.setdefault(name, {}).setdefault(key, 0.0)
+        totals[name][key] += float(value)
+    return totals
+
+
+def _summary(routing: str, turns: list[TurnResult], duration: float, metrics: dict[str, dict[str, float]]) -> RoutingRun:
+    done = [turn.result for turn in turns if turn.result.success]
+    ttfts = np.asarray([result.ttft for result in done] or [0.0]) * 1e3
+    return RoutingRun(
+        routing=routing,
+        turns=len(done),
+        failed=len(turns) - len(done),
+        duration_s=duration,
+        prompt_tokens=int(metrics.get("ember_prefix_cache_queries_total", {}).get("", 0)),
+        cached_tokens=int(metrics.get("ember_prefix_cache_hits_total", {}).get("", 0)),
+        ttft_p50_ms=float(np.percentile(ttfts, 50)),
+        ttft_p90_ms=float(np.percentile(ttfts, 90)),
+        output_throughput=sum(result.output_tokens for result in done) / duration,
+        decisions=metrics.get("ember_routing_decisions_total", {}),
+    )
+
+
+def routing_table(runs: list[RoutingRun]) -> str:
+    baseline = next((run for run in runs if run.routing == "round-robin"), runs[0])
+    header = (f"{'routing':<13}{'turns':>6}{'failed':>7}{'computed':>10}{'x rr':>6}{'hit rate':>9}"
+              f"{'TTFT p50':>10}{'x rr':>6}{'TTFT p90':>10}{'tok/s':>8}")
+    lines = [header]
+    for run in runs:
+        lines.append(
+            f"{run.routing:<13}{run.turns:>6}{run.failed:>7}{run.computed_tokens:>10}"
+            f"{run.computed_tokens / max(baseline.computed_tokens, 1):>6.2f}{run.hit_rate:>9.1%}"
+            f"{run.ttft_p50_ms:>10.0f}{run.ttft_p50_ms / max(baseline.ttft_p50_ms, 1e-9):>6.2f}"
+            f"{run.ttft_p90_ms:>10.0f}{run.output_throughput:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
