@@ -125,6 +125,20 @@ async def test_a_killed_engine_s_stream_goes_on_from_another_without_an_error(en
     assert "ember_request_migrations_total 1.0" in await front.metrics()
 
 
+async def test_a_hung_engine_s_stream_goes_on_from_another_after_the_engine_timeout(engines, start_front):
+    first, second = engines
+    first.step_interval = 0.05
+    front = await start_front([first.address, second.address])  # an engine timeout of 3 s
+    stream = asyncio.create_task(front.stream(max_tokens=20))
+    await wait_until_async(lambda: first.num_running == 1 and _produced(first) >= 2, 5.0, "tokens from the first engine")
+    first.paused = True  # neither steps nor heartbeats: hung
+    events = await asyncio.wait_for(stream, 10.0)
+    assert not [event for event in events if isinstance(event, dict) and "error" in event]
+    text = "".join(event["choices"][0]["text"] for event in events[:-1] if event["choices"])
+    assert text == first.tokenizer.decode(first.reply_ids[:20])
+    assert second.received[-1].output_token_ids and not front.pool.clients[first.address].accepting
+
+
 async def test_a_draining_engine_gets_no_new_requests_and_hands_over_its_own(engines, start_front):
     first, second = engines
     first.step_interval = 0.05
