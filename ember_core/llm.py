@@ -106,7 +106,7 @@ class LLM:
         ]
         choices = fan_out([(request.prompt_token_ids, p) for request, p in zip(requests, param_list)])
         choice_ids = [f"{requests[choice.prompt_index].request_id}-{choice.index}" for choice in choices]
-        processor = OutputProcessor(self.tokenizer, choices)
+        processor = OutputProcessor(self.tokenizer, choices, self.engine.stop_token_ids)
         results = [ChoiceResult(i) for i in range(len(choices))]
         try:
             for choice_id, choice in zip(choice_ids, choices):

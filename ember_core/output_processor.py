@@ -6,6 +6,7 @@ engine request, still running, is the caller's to abort)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ember_core.sampling_params import SamplingParams
@@ -67,9 +68,10 @@ class ChoiceResult:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer | None, choices: list[ChoiceRequest]) -> None:
-        """Updates are numbered by position in choices."""
+    def __init__(self, tokenizer: Tokenizer | None, choices: list[ChoiceRequest], stop_token_ids: Iterable[int]) -> None:
+        """Updates are numbered by position in choices. stop_token_ids: the model's (EOS, end of turn)."""
         self._texts = [OutputText(tokenizer, _stop_rules(choice.params)) for choice in choices]
+        self._stop_token_ids = [frozenset(stop_token_ids).union(choice.params.stop_token_ids) for choice in choices]
         self._finished = [False] * len(choices)
 
     @property
@@ -85,7 +87,9 @@ class OutputProcessor:
     def process(self, index: int, delta: RequestDelta) -> ChoiceUpdate:
         """The update of an unfinished choice. Deltas of a choice a stop string ended may still
         come (sent before its abort reached the engine): callers skip them with finished()."""
-        stop_token = delta.finish_reason is FinishReason.STOP
+        # a stop token's text is left out; a constraint that completed ends on a token of the output
+        ended_by_token = delta.finish_reason is FinishReason.STOP and delta.new_token_ids
+        stop_token = bool(ended_by_token) and delta.new_token_ids[-1] in self._stop_token_ids[index]
         match = self._texts[index].push(delta.new_token_ids, delta.finish_reason is not None, stop_token)
         finish_reason = FinishReason.STOP if match.stopped else delta.finish_reason
         self._finished[index] = finish_reason is not None

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from ember_core.sampling_limits import FIELD_LIMITS, LOGIT_BIAS, MAX_STOP_STRINGS, TOKEN_ID
-from ember_proto import SamplingOptions
+from ember_core.structured_outputs import StructuredOutputError, grammar_of
+from ember_proto import SamplingOptions, StructuredOutputs
 
 # Below this, sampling is argmax up to float32 rounding, and logits / temperature overflow to inf
 # near 1e-38 (garbage tokens): such requests decode greedily, as in vLLM.
@@ -55,6 +56,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    # constrain the output to a JSON schema, any JSON object, a regex, a choice or a grammar
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         for name, limit in FIELD_LIMITS.items():
@@ -75,6 +78,13 @@ class SamplingParams:
         _check(all(isinstance(text, str) and text for text in stop), "stop", "must be non-empty strings", self.stop)
         _check(len(stop) <= MAX_STOP_STRINGS, "stop", f"must be at most {MAX_STOP_STRINGS} strings", self.stop)
         object.__setattr__(self, "stop", stop)
+        if self.structured_outputs is not None:
+            _check(isinstance(self.structured_outputs, StructuredOutputs), "structured_outputs",
+                   "must be an ember_proto.StructuredOutputs", self.structured_outputs)
+            try:
+                grammar_of(self.structured_outputs)
+            except StructuredOutputError as exc:
+                raise SamplingParamError("structured_outputs", f"structured_outputs: {exc}") from None
 
     @classmethod
     def from_wire(cls, options: SamplingOptions) -> SamplingParams:

@@ -10,8 +10,8 @@ from enum import IntEnum
 import msgspec
 
 # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
-# (KvEvents, KvSync), Ready.block_size, Heartbeat.draining
-PROTOCOL_VERSION = 4
+# (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs
+PROTOCOL_VERSION = 5
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -37,6 +37,16 @@ class RejectCode(IntEnum):
     UNAVAILABLE = 503  # the engine is draining or does not know this gateway (send Hello again)
 
 
+class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, kw_only=True):
+    """One constraint on a request's output (vLLM's StructuredOutputsParams): exactly one field set."""
+
+    json: str | None = None  # a JSON schema, as JSON text
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: list[str] | None = None  # one of these strings, exactly
+    grammar: str | None = None  # Lark, or GBNF (llama.cpp's), as llguidance reads them
+
+
 class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     max_tokens: int = 16
     temperature: float = 1.0
@@ -53,6 +63,7 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     min_p: float = 0.0
+    structured_outputs: StructuredOutputs | None = None
 
 
 # gateway -> engine

@@ -7,6 +7,8 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
+from collections.abc import Sequence as Sequence_
+from typing import Any
 
 import torch
 
@@ -22,6 +24,7 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
 from ember_core.sampling_params import SamplingParams
+from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
 from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -78,6 +81,10 @@ class Engine:
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids
+        tokenizer = self.loaded.tokenizer
+        self._constraints = None if tokenizer is None else ConstraintCompiler(
+            tokenizer, self.loaded.vocab_size, sorted(self.stop_token_ids)
+        )
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         self._aborted: list[RequestDelta] = []
@@ -129,6 +136,8 @@ class Engine:
             self.scheduler.check_fits(seq)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from None
+        if params.structured_outputs is not None:
+            seq.matcher = self._matcher(params, output_token_ids)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
@@ -174,6 +183,18 @@ class Engine:
                 deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
         return deltas
 
+    def _matcher(self, params: SamplingParams, output_token_ids: Sequence_[int]) -> Any:
+        """The constraint's matcher, past the tokens generated before a resume."""
+        if self._constraints is None:
+            raise RequestRejected("structured outputs need a tokenizer and this model has none")
+        try:
+            matcher = self._constraints.matcher(params.structured_outputs)
+        except StructuredOutputError as exc:
+            raise RequestRejected(str(exc)) from None
+        if output_token_ids and not matcher.consume_tokens(list(output_token_ids)):
+            raise RequestRejected(f"the tokens already generated break the constraint: {matcher.get_error()}")
+        return matcher
+
     def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
         chunks = []
         for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens):
@@ -191,6 +212,7 @@ class Engine:
                     banned_token_ids=banned,
                     prompt_token_ids=seq.prompt_token_ids if history else None,
                     output_token_ids=seq.output_token_ids if history else None,
+                    token_bitmask=seq.matcher.compute_bitmask() if seq.matcher is not None else None,
                 )
             chunks.append(
                 SequenceChunk(
@@ -205,6 +227,8 @@ class Engine:
 
     def _append_token(self, seq: Sequence, token: TokenLogprob) -> RequestDelta:
         seq.token_ids.append(token.token_id)
+        if seq.matcher is not None:
+            seq.matcher.consume_token(token.token_id)
         logprobs = [token] if token.logprob is not None else []
         seq.logprobs.extend(logprobs)
         prompt_logprobs = seq.prompt_logprobs if seq.num_output_tokens == 1 else []
@@ -222,6 +246,8 @@ class Engine:
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
+        if seq.matcher is not None and seq.matcher.is_stopped():  # the constraint is complete
+            return FinishReason.STOP
         if seq.num_output_tokens >= params.min_tokens:
             if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.stop_token_ids):
                 return FinishReason.STOP

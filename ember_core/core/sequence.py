@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from ember_core.sampling_params import SamplingParams
 from ember_proto import FinishReason, TokenLogprob
@@ -34,6 +35,8 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     # prefix hashes of its leading full blocks (prefix caching), computed as they are needed
     block_hashes: list[bytes] = field(default_factory=list)
+    # llguidance's matcher of params.structured_outputs: what may come next, fed every token sampled
+    matcher: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

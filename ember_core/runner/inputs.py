@@ -16,6 +16,8 @@ class SamplingRequest:
     # only when params.needs_token_history (penalties)
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
+    # structured outputs: one bit per token id (llguidance's layout, little-endian 32-bit words), 1 = allowed
+    token_bitmask: bytes | None = None
 
 
 @dataclass(frozen=True)

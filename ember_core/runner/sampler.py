@@ -121,13 +121,17 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
     reports them), so a token scores the same generated as in an echoed prompt."""
     raw = logits.float()
     banned = [(row, token) for row, req in enumerate(requests) for token in req.banned_token_ids]
+    constrained = [row for row, req in enumerate(requests) if req.token_bitmask is not None]
     adjusted = any(req.params.needs_token_history or req.params.logit_bias for req in requests)
-    if banned or adjusted:
+    if banned or adjusted or constrained:
         logits = raw.clone()
         apply_penalties_and_bias_(logits, requests)
         if banned:
             rows, tokens = zip(*banned)
             logits[list(rows), list(tokens)] = float("-inf")
+        if constrained:
+            allowed = _allowed_tokens([requests[row].token_bitmask for row in constrained], logits.shape[1])
+            logits[constrained] = logits[constrained].masked_fill(~allowed.to(logits.device), float("-inf"))
     else:
         logits = raw
     random_rows = [row for row, req in enumerate(requests) if not req.params.greedy]
@@ -140,6 +144,13 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
         token_ids[greedy_rows] = _argmax(_select(logits, greedy_rows))
     token_ids[random_rows] = _sample_rows(_select(logits, random_rows), [requests[row] for row in random_rows])
     return _with_logprobs(raw, token_ids, requests)
+
+
+def _allowed_tokens(bitmasks: list[bytes], vocab_size: int) -> torch.Tensor:
+    """Bool rows of the tokens each bitmask allows (bit i of word w: token 32 w + i)."""
+    words = torch.frombuffer(bytearray(b"".join(bitmasks)), dtype=torch.int32).view(len(bitmasks), -1)
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten(1)[:, :vocab_size].bool()
 
 
 def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:

@@ -50,7 +50,7 @@ class Generation:
         self._arrived_at = arrived_at  # time.monotonic() when the HTTP request arrived
         self._deadline = None if timeout is None else self._arrived_at + timeout
         self._choices = [_Choice(f"{request_id}-{index}", len(choice.prompt_ids)) for index, choice in enumerate(choices)]
-        self._processor = OutputProcessor(model.tokenizer, choices)
+        self._processor = OutputProcessor(model.tokenizer, choices, model.card.stop_token_ids)
         self._queue: asyncio.Queue[Output] | None = None
 
     @property

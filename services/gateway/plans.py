@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from ember_core.output_processor import ChoiceRequest, fan_out
 from ember_core.sampling_params import SamplingParamError, SamplingParams
+from ember_gateway.constraints import structured_outputs_of
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import GenerationRequest
+from ember_proto import StructuredOutputs
 
 
 def build_choices(
@@ -32,9 +34,12 @@ def build_choices(
         _check_token_ids(prompt, vocab_size, prompt_param)
         _check_tokenizer_has(prompt, model, prompt_param)
     budgets = [_completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param) for prompt in prompts]
+    structured_outputs = structured_outputs_of(body)
+    if structured_outputs is not None and model.tokenizer is None:
+        raise ApiError(400, "structured outputs need a tokenizer and this model has none")
     try:
         return fan_out([
-            (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias))
+            (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias, structured_outputs))
             for prompt, budget in zip(prompts, budgets)
         ])
     except SamplingParamError as exc:  # a rule across fields: the schema checked each alone
@@ -47,6 +52,7 @@ def _sampling_params(
     logprobs: int | None,
     prompt_logprobs: int | None,
     logit_bias: dict[int, float] | None,
+    structured_outputs: StructuredOutputs | None,
 ) -> SamplingParams:
     """The request's fields, OpenAI's defaults where it left them out."""
     return SamplingParams(
@@ -68,6 +74,7 @@ def _sampling_params(
         frequency_penalty=body.frequency_penalty or 0.0,
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         logit_bias=logit_bias,
+        structured_outputs=structured_outputs,
     )
 
 

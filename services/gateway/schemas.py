@@ -1,9 +1,9 @@
 """Request bodies as msgspec Structs: types and ranges are checked while decoding.
 
-Unknown fields are ignored. Fields OpenAI defines that ember does not implement (response_format,
-tool_choice, best_of, suffix), and vLLM's extensions it does not implement (guided decoding, beam
-search, bad_words, ...), are accepted at their no-op values, which SDKs and frameworks send, and
-any other value is a 400: silently unconstrained output would look like a model bug to the client.
+Unknown fields are ignored. Fields OpenAI defines that ember does not implement (tool_choice,
+best_of, suffix), and vLLM's extensions it does not implement (beam search, bad_words, ...), are
+accepted at their no-op values, which SDKs and frameworks send, and any other value is a 400.
+Output constraints (response_format, structured_outputs, guided_*) are read by constraints.py.
 """
 
 from __future__ import annotations
@@ -50,15 +50,16 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     frequency_penalty: limits.PENALTY.type | None = None
     repetition_penalty: limits.REPETITION_PENALTY.type | None = None  # vLLM extension
     logit_bias: dict[str, limits.LOGIT_BIAS.type] | None = None  # token id (as a string) -> bias
-    # not implemented: only their no-op values pass `reject_unsupported_values`
+    # output constraints: constraints.py
     response_format: dict[str, Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    function_call: str | dict[str, Any] | None = None  # the legacy tool_choice
+    structured_outputs: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    structured_outputs: Any = None
+    # not implemented: only their no-op values pass `reject_unsupported_values`
+    tool_choice: str | dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None  # the legacy tool_choice
     use_beam_search: Any = None
     bad_words: Any = None
     allowed_token_ids: Any = None
@@ -129,10 +130,6 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
 
 # vLLM's extensions ember does not implement, and what to do instead
 _VLLM_EXTENSIONS_NOT_IMPLEMENTED = {
-    **dict.fromkeys(
-        ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"),
-        "ember cannot constrain output to a format",
-    ),
     "use_beam_search": "sample with n instead",
     "bad_words": "use logit_bias against their tokens",
     "allowed_token_ids": "use logit_bias",
@@ -142,11 +139,6 @@ _VLLM_EXTENSIONS_NOT_IMPLEMENTED = {
 
 
 def reject_unsupported_values(body: GenerationRequest) -> None:
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        raise ApiError(
-            400, "ember cannot constrain output to a format: response_format must be {\"type\": \"text\"}",
-            param="response_format",
-        )
     for choice, tools in (("tool_choice", "tools"), ("function_call", "functions")):
         value = getattr(body, choice)
         if value not in (None, "none", "auto"):

@@ -37,7 +37,7 @@ def test_fan_out_orders_choices_prompt_by_prompt_with_seed_plus_index() -> None:
 
 
 def test_a_stop_string_ends_its_choice_only_and_later_deltas_are_skipped(tokenizer: Tokenizer) -> None:
-    processor = OutputProcessor(tokenizer, fan_out([([1], SamplingParams(n=2, stop="STOP", max_tokens=64))]))
+    processor = OutputProcessor(tokenizer, fan_out([([1], SamplingParams(n=2, stop="STOP", max_tokens=64))]), [EOS])
     held = processor.process(0, delta("ab ST"))
     assert (held.text, held.finish_reason, held.ended_by_stop_string) == ("ab ", None, False)  # "ST" may start STOP
     stopped = processor.process(0, delta("OP and more"))
@@ -50,7 +50,7 @@ def test_a_stop_string_ends_its_choice_only_and_later_deltas_are_skipped(tokeniz
 
 def test_stop_strings_count_from_min_tokens_and_a_stop_token_leaves_no_text(tokenizer: Tokenizer) -> None:
     params = SamplingParams(stop=["x"], min_tokens=3, max_tokens=10)
-    processor = OutputProcessor(tokenizer, fan_out([([1], params)]))
+    processor = OutputProcessor(tokenizer, fan_out([([1], params)]), [EOS])
     result = ChoiceResult(0)
     for update in (processor.process(0, delta("xx")), processor.process(0, delta([ord("a"), EOS], FinishReason.STOP))):
         result.add(update)

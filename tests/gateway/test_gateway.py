@@ -2,12 +2,14 @@
 every way the engine can fail underneath a request."""
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import aiohttp
 import pytest
 
+from ember_proto import StructuredOutputs
 from tests.gateway.conftest import Gateway, StartGateway, parse_sse, wait_until_async
 from tests.gateway.fake_engine import FakeEngine, byte_tokenizer_spec
 from tests.gateway.test_validation import assert_openai_error
@@ -620,3 +622,19 @@ async def test_cors_limited_to_the_allowed_origins(
     async with gateway.http.options("/v1/completions", headers=preflight, auth=None) as response:
         # never a 401: a preflight carries no credentials, with or without an API key
         assert response.status == 405 and "Access-Control-Allow-Origin" not in response.headers
+
+
+async def test_every_way_of_asking_for_a_constraint_reaches_the_engine_as_one(gateway: Gateway, fake_engine: FakeEngine):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for path, body, expected in [
+        ("/v1/chat/completions", chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
+         StructuredOutputs(json=json.dumps(schema))),
+        ("/v1/chat/completions", chat(response_format={"type": "json_object"}), StructuredOutputs(json_object=True)),
+        ("/v1/completions", completion(structured_outputs={"regex": "[a-z]+"}), StructuredOutputs(regex="[a-z]+")),
+        ("/v1/completions", completion(guided_json=json.dumps(schema)), StructuredOutputs(json=json.dumps(schema))),
+        ("/v1/completions", completion(guided_choice=["yes", "no"]), StructuredOutputs(choice=["yes", "no"])),
+        ("/v1/chat/completions", chat(guided_grammar='root ::= "x"'), StructuredOutputs(grammar='root ::= "x"')),
+        ("/v1/chat/completions", chat(response_format={"type": "text"}), None),
+    ]:
+        status, _ = await gateway.post(path, body)
+        assert status == 200 and fake_engine.received[-1].sampling.structured_outputs == expected, body

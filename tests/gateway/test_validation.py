@@ -119,7 +119,19 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(prompt=[72, 280], echo=True), 400, "prompt"),
     (COMPLETIONS, completion(stream_options={"include_usage": True}), 400, "stream_options"),  # without stream
     # OpenAI fields ember does not implement, at values that would change the output
-    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    # output constraints that cannot be
+    (CHAT, chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    (CHAT, chat(response_format={"type": "json_schema", "json_schema": {"schema": 5}}), 400, "response_format.json_schema"),
+    (CHAT, chat(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}), 400,
+     "response_format"),
+    (COMPLETIONS, completion(guided_regex="(unclosed"), 400, "guided_regex"),
+    (COMPLETIONS, completion(guided_json="{not json"), 400, "guided_json"),
+    (CHAT, chat(guided_choice="yes"), 400, "guided_choice"),
+    (CHAT, chat(guided_grammar="start: missing"), 400, "guided_grammar"),
+    (CHAT, chat(structured_outputs={"regex": "a", "choice": ["a"]}), 400, "structured_outputs"),
+    (CHAT, chat(structured_outputs={"choice": "a"}), 400, "structured_outputs.choice"),
+    (CHAT, chat(structured_outputs=["a"]), 400, "structured_outputs"),
+    (CHAT, chat(response_format={"type": "json_object"}, guided_regex="a"), 400, "guided_regex"),  # two at once
     (CHAT, chat(tool_choice="required"), 400, "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), 400, "tool_choice"),
     (CHAT, chat(function_call={"name": "f"}), 400, "function_call"),
@@ -131,9 +143,6 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(best_of=3), 400, "best_of"),
     (COMPLETIONS, completion(suffix="end"), 400, "suffix"),
     # vLLM's extensions ember does not implement
-    (COMPLETIONS, completion(guided_json={"type": "object"}), 400, "guided_json"),
-    (CHAT, chat(guided_choice=["yes", "no"]), 400, "guided_choice"),
-    (CHAT, chat(structured_outputs={"regex": "a+"}), 400, "structured_outputs"),
     (COMPLETIONS, completion(use_beam_search=True), 400, "use_beam_search"),
     (CHAT, chat(bad_words=["x"]), 400, "bad_words"),
     (COMPLETIONS, completion(allowed_token_ids=[72]), 400, "allowed_token_ids"),

@@ -1,0 +1,98 @@
+"""Constrained decoding in the engine (llguidance) on the default model: the output always
+matches its JSON schema, regex, choice or grammar, greedy and sampled, and the constraint follows
+its sequence through n choices, preemption and a resume."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ember_core import LLM, SamplingParams
+from ember_core.structured_outputs import StructuredOutputError, grammar_of
+from ember_proto import StructuredOutputs
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["city", "rank"],
+    "additionalProperties": False,
+}
+PROMPTS = ["Give me a JSON object about Paris.", "Describe Tokyo as JSON.", "A city, please:"]
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_gguf_path: Path) -> LLM:
+    # a small pool, so that 3 x n=3 sampled sequences of up to 48 tokens get preempted
+    return LLM(str(smollm2_gguf_path), dtype="float32", num_blocks=12, block_size=8, max_num_seqs=9)
+
+
+def test_json_schema_outputs_validate_greedy_and_sampled_through_preemption(llm: LLM) -> None:
+    constraint = StructuredOutputs(json=json.dumps(SCHEMA))
+    for params in (
+        SamplingParams(max_tokens=48, temperature=0, structured_outputs=constraint),
+        SamplingParams(max_tokens=48, temperature=1.0, seed=3, n=3, structured_outputs=constraint),
+    ):
+        for output in llm.generate(PROMPTS, params):
+            for completion in output.outputs:
+                assert completion.finish_reason == "stop", completion
+                jsonschema.validate(json.loads(completion.text), SCHEMA)
+    assert llm.stats().num_preemptions > 0
+
+
+def test_regex_choice_and_grammar_constrain_the_text(llm: LLM) -> None:
+    regex = SamplingParams(max_tokens=16, temperature=1.0, seed=5, n=4,
+                           structured_outputs=StructuredOutputs(regex=r"[A-Z]{2}-\d{3}"))
+    for completion in llm.generate(["The code is"], regex)[0].outputs:
+        assert re.fullmatch(r"[A-Z]{2}-\d{3}", completion.text) and completion.finish_reason == "stop"
+    choices = ["yes", "no", "it depends"]
+    choice = SamplingParams(max_tokens=8, temperature=1.0, seed=2, n=4, structured_outputs=StructuredOutputs(choice=choices))
+    assert {c.text for c in llm.generate(["Is it raining?"], choice)[0].outputs} <= set(choices)
+    gbnf = 'root ::= "(" [0-9]+ " + " [0-9]+ ")"'
+    grammar = SamplingParams(max_tokens=12, temperature=0, structured_outputs=StructuredOutputs(grammar=gbnf))
+    output = llm.generate(["An addition:"], grammar)[0]
+    assert re.fullmatch(r"\(\d+ \+ \d+\)", output.text) or output.finish_reason == "length", output.text
+
+
+def test_a_json_object_is_any_object_and_max_tokens_cuts_with_length(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=64, temperature=0, structured_outputs=StructuredOutputs(json_object=True))
+    assert isinstance(json.loads(llm.generate(["Some JSON:"], params)[0].text), dict)
+    short = SamplingParams(max_tokens=3, temperature=0, structured_outputs=StructuredOutputs(json=json.dumps(SCHEMA)))
+    output = llm.generate(["Some JSON:"], short)[0]
+    assert output.finish_reason == "length" and output.text.startswith("{")
+
+
+def test_a_resumed_request_continues_inside_its_constraint(llm: LLM) -> None:
+    constraint = StructuredOutputs(json=json.dumps(SCHEMA))
+    params = SamplingParams(max_tokens=48, temperature=0, structured_outputs=constraint)
+    whole = llm.generate(PROMPTS[:1], params)[0]
+    prompt_ids = whole.prompt_token_ids
+    engine = llm.engine
+    engine.add_request("resumed", prompt_ids, params, output_token_ids=whole.token_ids[:5])
+    tokens = list(whole.token_ids[:5])
+    while engine.has_unfinished():
+        for delta in engine.step():
+            tokens += delta.new_token_ids
+    assert tokens == whole.token_ids
+
+
+@pytest.mark.parametrize(
+    ("constraint", "field"),
+    [
+        (StructuredOutputs(json="{not json"), "json"),
+        (StructuredOutputs(regex="(unclosed"), "regex"),
+        (StructuredOutputs(grammar="start: missing_rule"), "grammar"),
+        (StructuredOutputs(choice=[]), "choice"),
+        (StructuredOutputs(regex="a", choice=["a"]), ""),
+        (StructuredOutputs(), ""),
+    ],
+)
+def test_an_invalid_constraint_names_its_field(constraint: StructuredOutputs, field: str) -> None:
+    with pytest.raises(StructuredOutputError) as error:
+        grammar_of(constraint)
+    assert error.value.field == field
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SamplingParams(structured_outputs=constraint)

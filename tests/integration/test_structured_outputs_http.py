@@ -1,0 +1,69 @@
+"""Structured outputs through a real engine (the default model) and gateway, with the OpenAI SDK."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pydantic
+import pytest
+
+from tests.processes import engine_argv, free_port, spawned, start_gateway
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=24)
+    country: str = pydantic.Field(max_length=24)
+    population_millions: int = pydantic.Field(ge=0, le=99)
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    logs = tmp_path_factory.mktemp("structured")
+    address = f"tcp://127.0.0.1:{free_port()}"
+    argv = engine_argv(smollm2_gguf_path, address, "--num-blocks", "64", "--served-model-name", "smol")
+    with spawned(argv, logs / "engine.log"):
+        gateway = start_gateway(address, logs / "gateway.log", "--engine-wait", "60")
+        yield openai.OpenAI(base_url=f"{next(gateway)}/v1", api_key="unused", max_retries=0)
+        gateway.close()
+
+
+def test_the_sdk_parses_a_pydantic_model(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.parse(
+        model="smol", messages=[{"role": "user", "content": "Tell me about Paris."}], response_format=City,
+        temperature=0, max_tokens=80,
+    )
+    message = completion.choices[0].message
+    assert completion.choices[0].finish_reason == "stop"
+    assert isinstance(message.parsed, City) and City.model_validate_json(message.content) == message.parsed
+
+
+def test_a_regex_and_a_choice_on_completions_and_a_streamed_schema(client: openai.OpenAI) -> None:
+    regex = client.completions.create(model="smol", prompt="Call me at", max_tokens=16, temperature=0.9, seed=4, n=3,
+                                      extra_body={"structured_outputs": {"regex": r"\d{3}-\d{4}"}})
+    assert all(re.fullmatch(r"\d{3}-\d{4}", choice.text) for choice in regex.choices)
+    choice = client.completions.create(model="smol", prompt="Is water wet?", max_tokens=8,
+                                       extra_body={"guided_choice": ["yes", "no"]})
+    assert choice.choices[0].text in ("yes", "no")
+    schema = {"name": "city", "schema": {**City.model_json_schema(), "additionalProperties": False}}
+    stream = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "A JSON object about Rome."}], temperature=0,
+        max_tokens=100, stream=True, response_format={"type": "json_schema", "json_schema": schema},
+    )
+    chunks = list(stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1]
+    assert finish == "stop", text
+    City.model_validate(json.loads(text))
+
+
+def test_an_invalid_schema_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+        )
+    assert error.value.body["param"] == "response_format"
