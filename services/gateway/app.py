@@ -20,6 +20,7 @@ from ember_gateway.errors import ApiError, engine_unavailable, from_http_excepti
 from ember_gateway.metrics import GatewayMetrics
 from ember_gateway.respond import json_response
 from ember_gateway.state import STATE, GatewayState
+from ember_gateway.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
         [
             web.post("/v1/completions", create_completion, expect_handler=expect),
             web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
+            web.post("/tokenize", tokenize, expect_handler=expect),
+            web.post("/detokenize", detokenize, expect_handler=expect),
             web.get("/v1/models", list_models),
             web.get("/v1/models/{model:.+}", get_model),
             web.get("/health", health),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -14,7 +15,9 @@ from ember_gateway.formats import ChatFormat
 from ember_gateway.intake import accept
 from ember_gateway.plans import build_choices
 from ember_gateway.respond import respond
-from ember_gateway.schemas import ChatCompletionRequest, ChatMessage
+from ember_gateway.schemas import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from ember_gateway.tools import ToolPlan, describe, tool_plan
+from ember_gateway.tools import constraint as tool_constraint
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -22,7 +25,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state, model, body = await accept(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
-    prompt_ids = _render_prompt(body, model)
+    tools = tool_plan(body)
+    prompt_ids = render_prompt(body, model, tools)
     choices = build_choices(
         body,
         model,
@@ -30,12 +34,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
+        tool_constraint=None if tools is None else tool_constraint(tools),
     )
     return await respond(
         request,
         state,
         model,
-        ChatFormat(model.tokenizer, bool(body.logprobs), body.return_token_ids),
+        ChatFormat(model.tokenizer, bool(body.logprobs), body.return_token_ids, tools),
         request_id=f"chatcmpl-{uuid.uuid4().hex}",
         arrived_at=arrived_at,
         choices=choices,
@@ -45,13 +50,23 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _render_prompt(body: ChatCompletionRequest, model: ServedModel) -> list[int]:
+def render_prompt(
+    body: ChatCompletionRequest | TokenizeRequest, model: ServedModel, tools: ToolPlan | None = None
+) -> list[int]:
+    """The token ids of the messages as the chat template renders them for this model, with the
+    tools offered: given to a template that renders them, else described in a system message."""
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so it cannot chat: use /v1/completions with token ids")
     if tokenizer.chat_template is None:
         raise ApiError(400, "this model has no chat template: use /v1/completions", param="messages")
-    messages = [_message_dict(message, index) for index, message in enumerate(body.messages)]
+    template_takes_tools = "tools" in tokenizer.chat_template
+    messages = [_message_dict(message, index, template_takes_tools) for index, message in enumerate(body.messages)]
+    extra = {}
+    if tools is not None and template_takes_tools:
+        extra["tools"] = tools.tools
+    elif tools is not None:
+        messages.insert(0, {"role": "system", "content": describe(tools)})
     if body.continue_final_message:
         if body.add_generation_prompt:
             raise ApiError(
@@ -60,7 +75,7 @@ def _render_prompt(body: ChatCompletionRequest, model: ServedModel) -> list[int]
         if messages[-1]["role"] != "assistant" or not messages[-1]["content"]:
             raise ApiError(400, "continue_final_message needs a last assistant message with content", param="messages")
     try:
-        text = tokenizer.render_chat(messages, body.add_generation_prompt)
+        text = tokenizer.render_chat(messages, body.add_generation_prompt, **extra)
     except ValueError as exc:
         raise ApiError(400, str(exc), param="messages") from None
     if body.continue_final_message:
@@ -73,7 +88,7 @@ def _render_prompt(body: ChatCompletionRequest, model: ServedModel) -> list[int]
     return tokenizer.encode_prompt(text)
 
 
-def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
+def _message_dict(message: ChatMessage, index: int, template_takes_tools: bool) -> dict[str, Any]:
     content = message.content
     if content is None and message.role != "assistant":
         raise ApiError(400, f"a {message.role} message needs content", param=f"messages[{index}].content")
@@ -81,7 +96,27 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, Any]:
         content = "\n".join(part.text for part in content)
     # As OpenAI: developer messages are the system prompt under newer models' name for it.
     role = "system" if message.role == "developer" else message.role
+    if template_takes_tools:
+        extra = {"tool_calls": message.tool_calls, "tool_call_id": message.tool_call_id}
+    else:  # the turns of a tool call as text, in the syntax describe() asks for
+        extra = {}
+        calls = [_call_text(call, index) for call in message.tool_calls or []]
+        content = "\n".join(filter(None, [content, *calls]))
+        if role == "tool":
+            role, content = "user", f"<tool_response>{content}</tool_response>"
     # null content (an assistant turn that only called tools) renders as empty, not as a template error
-    return {"role": role, "content": content or "", "name": message.name}
+    return {"role": role, "content": content or "", "name": message.name, **extra}
+
+
+def _call_text(call: dict[str, Any], index: int) -> str:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, "a tool call is {\"function\": {\"name\", \"arguments\"}}", param=f"messages[{index}].tool_calls")
+    arguments = function.get("arguments") or "{}"
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except ValueError:
+        parsed = arguments
+    return f"<tool_call>{json.dumps({'name': function['name'], 'arguments': parsed})}</tool_call>"
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from ember_core.output_processor import ChoiceResult, ChoiceUpdate
 from ember_core.tokenizer import Tokenizer
 from ember_gateway.logprobs import TextOffsets, chat_logprobs, completion_logprobs, echoed_prompt_logprobs
+from ember_gateway.tools import ToolPlan, parse_calls
 from ember_proto import FinishReason, TokenLogprob
 
 
@@ -29,15 +30,23 @@ class ChatFormat:
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def __init__(self, tokenizer: Tokenizer | None, logprobs: bool, return_token_ids: bool) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, logprobs: bool, return_token_ids: bool, tools: ToolPlan | None = None
+    ) -> None:
+        """tools: a choice's output may be tool calls; a stream then holds each choice's text until
+        it ends, and sends its calls (or its text) at once."""
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._return_token_ids = return_token_ids
+        self._tools = tools
+        self._held: dict[int, ChoiceResult] = {}
 
     def stream_start(self, index: int) -> dict[str, Any] | None:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
 
     def stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
+        if self._tools is not None:
+            return self._tool_stream_choices(update)
         choices = []
         if _has_content(update, self._logprobs, self._return_token_ids):
             delta = {"content": update.text}
@@ -48,8 +57,32 @@ class ChatFormat:
         return choices
 
     def final_choice(self, result: ChoiceResult) -> dict[str, Any]:
-        message = {"role": "assistant", "content": result.text}
-        return self._choice(result.index, "message", message, result.logprobs, result.token_ids, result.finish_reason)
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        calls = []
+        if self._tools is not None:
+            message["content"], calls = parse_calls(self._tools, result.text)
+            if calls:
+                message["tool_calls"] = calls
+        choice = self._choice(result.index, "message", message, result.logprobs, result.token_ids, result.finish_reason)
+        if calls:
+            choice["finish_reason"] = "tool_calls"
+        return choice
+
+    def _tool_stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
+        held = self._held.setdefault(update.index, ChoiceResult(update.index))
+        held.add(update)
+        if update.finish_reason is None:
+            return []
+        del self._held[update.index]
+        assert self._tools is not None
+        content, calls = parse_calls(self._tools, held.text)
+        if calls:
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+        else:
+            delta = {"content": content}
+        chunk = self._choice(update.index, "delta", delta, held.logprobs, held.token_ids, None)
+        finish = "tool_calls" if calls else update.finish_reason.label
+        return [chunk, {"index": update.index, "delta": {}, "logprobs": None, "finish_reason": finish}]
 
     def _choice(
         self,

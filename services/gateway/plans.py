@@ -21,8 +21,9 @@ def build_choices(
     logprobs: int | None,
     prompt_param: str,
     prompt_logprobs: int | None = None,
+    tool_constraint: StructuredOutputs | None = None,
 ) -> list[ChoiceRequest]:
-    """max_tokens None: as many as the context leaves."""
+    """max_tokens None: as many as the context leaves. tool_constraint: the calls a tool_choice allows."""
     vocab_size = model.card.vocab_size
     _check_token_ids(body.stop_token_ids or [], vocab_size, "stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab_size)
@@ -35,6 +36,11 @@ def build_choices(
         _check_tokenizer_has(prompt, model, prompt_param)
     budgets = [_completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param) for prompt in prompts]
     structured_outputs = structured_outputs_of(body)
+    if tool_constraint is not None:
+        if structured_outputs is not None:
+            raise ApiError(400, "a tool_choice that forces a call leaves no room for another output constraint",
+                           param="tool_choice")
+        structured_outputs = tool_constraint
     if structured_outputs is not None and model.tokenizer is None:
         raise ApiError(400, "structured outputs need a tokenizer and this model has none")
     try:

@@ -85,6 +85,8 @@ class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message's answer to
 
 
 class ChatCompletionRequest(GenerationRequest, kw_only=True):
@@ -98,13 +100,34 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     continue_final_message: bool = False
     echo: bool = False  # vLLM's, not implemented: only false passes
     modalities: list[str] | None = None  # not implemented: only ["text"] passes
-    # type-checked, then unused: the model answers in text, a valid outcome of tool_choice "auto"
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # tools.py
+    parallel_tool_calls: bool | None = None
+    # type-checked, then unused: the model answers in text, a valid outcome of function_call "auto"
     functions: list[dict[str, Any]] | None = None  # the legacy tools
     audio: Any = None  # not implemented: only null passes
 
 
-_DECODERS = {body_type: msgspec.json.Decoder(body_type) for body_type in (CompletionRequest, ChatCompletionRequest)}
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """vLLM's /tokenize: a prompt, or chat messages rendered with the model's chat template."""
+
+    model: str
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
+    add_special_tokens: bool = True  # a prompt's BOS, where the model wants one
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str
+    tokens: list[limits.TOKEN_ID.type]
+
+
+_DECODERS = {
+    body_type: msgspec.json.Decoder(body_type)
+    for body_type in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+}
 
 
 def decode_body(raw: bytes, body_type: type[Body]) -> Body:
@@ -124,7 +147,8 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:  # msgspec decodes nesting recursively: thousands of levels deep
         raise ApiError(400, "the request body is nested too deeply") from None
-    reject_unsupported_values(body)
+    if isinstance(body, GenerationRequest):
+        reject_unsupported_values(body)
     return body
 
 
@@ -141,9 +165,10 @@ _VLLM_EXTENSIONS_NOT_IMPLEMENTED = {
 def reject_unsupported_values(body: GenerationRequest) -> None:
     for choice, tools in (("tool_choice", "tools"), ("function_call", "functions")):
         value = getattr(body, choice)
-        if value not in (None, "none", "auto"):
+        calls_tools = choice == "tool_choice" and isinstance(body, ChatCompletionRequest)
+        if not calls_tools and value not in (None, "none", "auto"):
             raise ApiError(
-                400, f"ember does not call tools: {choice} must be \"none\" or \"auto\" (the model answers in text)",
+                400, f"{choice} must be \"none\" or \"auto\" here: ember calls tools through chat's tools and tool_choice",
                 param=choice,
             )
         if value is not None and isinstance(body, ChatCompletionRequest) and getattr(body, tools) is None:

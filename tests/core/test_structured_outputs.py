@@ -96,3 +96,39 @@ def test_an_invalid_constraint_names_its_field(constraint: StructuredOutputs, fi
     assert error.value.field == field
     with pytest.raises(ValueError, match="structured_outputs"):
         SamplingParams(structured_outputs=constraint)
+
+
+SCHEMAS = json.loads((Path(__file__).parent / "data" / "json_schemas.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def batch_llm(smollm2_gguf_path: Path) -> LLM:
+    # 16 sequences at a time in a pool that holds about 8 of them: preempted, but not one at a time
+    return LLM(str(smollm2_gguf_path), dtype="float32", num_blocks=40, block_size=8, max_num_seqs=16)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_twenty_schemas_validate_greedy_and_sampled_with_n_3_through_preemption(batch_llm: LLM, temperature: float) -> None:
+    llm = batch_llm
+    assert len(SCHEMAS) == 20
+    before = llm.stats().num_preemptions
+    params = [
+        SamplingParams(max_tokens=64, temperature=temperature, seed=index, n=3,
+                       structured_outputs=StructuredOutputs(json=json.dumps(schema)))
+        for index, schema in enumerate(SCHEMAS)
+    ]
+    outputs = llm.generate([f"Answer in JSON ({index}):" for index in range(len(SCHEMAS))], params)
+    for schema, output in zip(SCHEMAS, outputs):
+        for completion in output.outputs:
+            if completion.finish_reason != "length":
+                jsonschema.validate(json.loads(completion.text), schema)
+    assert sum(c.finish_reason == "stop" for o in outputs for c in o.outputs) >= 50
+    assert llm.stats().num_preemptions > before
+
+
+def test_unconstrained_neighbours_keep_their_greedy_tokens(llm: LLM) -> None:
+    plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    alone = llm.generate(PROMPTS, plain)
+    constrained = SamplingParams(max_tokens=24, temperature=0, structured_outputs=StructuredOutputs(json=json.dumps(SCHEMA)))
+    mixed = llm.generate(PROMPTS * 2, [plain] * len(PROMPTS) + [constrained] * len(PROMPTS))
+    assert [o.token_ids for o in mixed[: len(PROMPTS)]] == [o.token_ids for o in alone]

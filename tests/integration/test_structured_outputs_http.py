@@ -67,3 +67,23 @@ def test_an_invalid_schema_is_a_400_naming_the_field(client: openai.OpenAI) -> N
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
         )
     assert error.value.body["param"] == "response_format"
+
+
+def test_a_required_tool_call_through_the_sdk(client: openai.OpenAI) -> None:
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"], "additionalProperties": False},
+    }}
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = client.chat.completions.create(model="smol", messages=messages, tools=[weather], tool_choice="required",
+                                           temperature=0, max_tokens=60)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    # the conversation goes on with the call and its result
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "21 C, sunny"}]
+    answer = client.chat.completions.create(model="smol", messages=messages, tools=[weather], temperature=0, max_tokens=20)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
