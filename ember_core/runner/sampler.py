@@ -9,6 +9,7 @@ the others' come from torch's generator.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ember_core.kernels import cpu_ops
@@ -130,8 +131,12 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
             rows, tokens = zip(*banned)
             logits[list(rows), list(tokens)] = float("-inf")
         if constrained:
-            allowed = _allowed_tokens([requests[row].token_bitmask for row in constrained], logits.shape[1])
-            logits[constrained] = logits[constrained].masked_fill(~allowed.to(logits.device), float("-inf"))
+            disallowed = _disallowed_tokens([requests[row].token_bitmask for row in constrained], logits.shape[1])
+            disallowed = disallowed.to(logits.device)
+            if len(constrained) == len(requests):
+                logits.masked_fill_(disallowed, float("-inf"))
+            else:
+                logits[constrained] = logits[constrained].masked_fill(disallowed, float("-inf"))
     else:
         logits = raw
     random_rows = [row for row, req in enumerate(requests) if not req.params.greedy]
@@ -146,11 +151,11 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
     return _with_logprobs(raw, token_ids, requests)
 
 
-def _allowed_tokens(bitmasks: list[bytes], vocab_size: int) -> torch.Tensor:
-    """Bool rows of the tokens each bitmask allows (bit i of word w: token 32 w + i)."""
-    words = torch.frombuffer(bytearray(b"".join(bitmasks)), dtype=torch.int32).view(len(bitmasks), -1)
-    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+def _disallowed_tokens(bitmasks: list[bytes], vocab_size: int) -> torch.Tensor:
+    """Bool rows of the tokens each bitmask leaves out (bit i of word w allows token 32 w + i)."""
+    inverted = ~np.frombuffer(b"".join(bitmasks), dtype=np.uint8)
+    bits = np.unpackbits(inverted, bitorder="little").reshape(len(bitmasks), -1)[:, :vocab_size]
+    return torch.from_numpy(bits.view(np.bool_))
 
 
 def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:

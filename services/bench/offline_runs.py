@@ -14,6 +14,7 @@ COMPARE_AXES: dict[str, tuple[str | bool, str | bool]] = {
     "dtype": ("float32", "bfloat16"),
     "gguf_weights": ("blocks", "dequantized"),
     "prefix_caching": (True, False),
+    "structured_outputs": (False, True),
 }
 
 
@@ -24,12 +25,15 @@ class EngineSetting:
     dtype: str = "float32"
     gguf_weights: GGUFWeights = "blocks"
     prefix_caching: bool = True
+    # every request's output constrained to a JSON schema (offline.LONG_JSON) that runs to max_tokens
+    structured_outputs: bool = False
 
     @property
     def label(self) -> str:
         label = f"{self.batching}/{self.admission}/{self.dtype}"
         label = label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
-        return label if self.prefix_caching else f"{label}/no-prefix-cache"
+        label = label if self.prefix_caching else f"{label}/no-prefix-cache"
+        return f"{label}/json-schema" if self.structured_outputs else label
 
 
 def settings_to_compare(baseline: EngineSetting, compare: list[str]) -> list[EngineSetting]:

@@ -11,6 +11,7 @@ from ember_bench.offline_runs import EngineSetting, OfflineRun, settings_to_comp
 from ember_bench.report import median_runs
 from ember_bench.stats import Distribution
 from tests.bench.helpers import read_json, run_bench_cli
+from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
 
 TINY_RUN = ("--random-prompts", "3", "--random-input-len", "5", "--random-output-len", "4",
             "--device", "cpu", "--block-size", "4", "--num-blocks", "64")
@@ -112,3 +113,16 @@ def test_rounds_must_be_positive(gpt2_dir: Path, capsys: pytest.CaptureFixture) 
     code = run_bench_cli("offline", "--model", str(gpt2_dir), *TINY_RUN, "--compare", "", "--rounds", "0")
     assert code == 2
     assert "--rounds needs an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_structured_outputs_axis_constrains_every_request_and_keeps_their_lengths(gpt2_dir: Path, tmp_path: Path) -> None:
+    model = write_model_with_tokenizer(gpt2_dir, tmp_path / "model")
+    out = tmp_path / "offline.json"
+    code = run_bench_cli("offline", "--model", str(model), *TINY_RUN, "--compare", "structured_outputs",
+                         "--concurrency", "3", "--output-json", str(out))
+    assert code == 0
+    runs = read_json(out)["runs"]
+    assert [run["name"] for run in runs] == [
+        "ember continuous/preempt/float32", "ember continuous/preempt/float32/json-schema",
+    ]
+    assert [run["output_tokens"] for run in runs] == [3 * 4, 3 * 4]  # the constraint runs to max_tokens
