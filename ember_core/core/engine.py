@@ -196,11 +196,20 @@ class Engine:
         return matcher
 
     def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
+        samples = [
+            seq.num_computed_tokens + num_tokens == seq.num_tokens and seq.params.max_tokens > 0
+            for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens)
+        ]
+        constrained = [seq for seq, sampled in zip(decision.seqs, samples) if sampled and seq.matcher is not None]
+        token_masks = {}
+        if constrained:
+            masks = self._constraints.next_token_masks([seq.matcher for seq in constrained])
+            token_masks = {seq.seq_id: mask for seq, mask in zip(constrained, masks)}
         chunks = []
-        for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens):
+        for seq, num_tokens, sampled in zip(decision.seqs, decision.num_scheduled_tokens, samples):
             start = seq.num_computed_tokens
             sampling = None
-            if start + num_tokens == seq.num_tokens and seq.params.max_tokens > 0:
+            if sampled:
                 params = seq.params
                 banned: tuple[int, ...] = ()
                 if seq.num_output_tokens < params.min_tokens:
@@ -212,7 +221,7 @@ class Engine:
                     banned_token_ids=banned,
                     prompt_token_ids=seq.prompt_token_ids if history else None,
                     output_token_ids=seq.output_token_ids if history else None,
-                    token_bitmask=seq.matcher.compute_bitmask() if seq.matcher is not None else None,
+                    token_mask=token_masks.get(seq.seq_id),
                 )
             chunks.append(
                 SequenceChunk(

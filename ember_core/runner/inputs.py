@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember_core.sampling_params import SamplingParams
+from ember_core.structured_outputs import TokenMask
 from ember_proto import TokenLogprob
 
 
@@ -16,8 +17,7 @@ class SamplingRequest:
     # only when params.needs_token_history (penalties)
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
-    # structured outputs: one bit per token id (llguidance's layout, little-endian 32-bit words), 1 = allowed
-    token_bitmask: bytes | None = None
+    token_mask: TokenMask | None = None  # structured outputs: the tokens allowed next
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ember_core.kernels import cpu_ops
 from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.penalties import apply_penalties_and_bias_
 from ember_core.sampling_params import SamplingParams
+from ember_core.structured_outputs import TokenMask
 from ember_proto import TokenLogprob
 
 _MASK64 = (1 << 64) - 1
@@ -122,7 +123,7 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
     reports them), so a token scores the same generated as in an echoed prompt."""
     raw = logits.float()
     banned = [(row, token) for row, req in enumerate(requests) for token in req.banned_token_ids]
-    constrained = [row for row, req in enumerate(requests) if req.token_bitmask is not None]
+    constrained = [row for row, req in enumerate(requests) if req.token_mask is not None]
     adjusted = any(req.params.needs_token_history or req.params.logit_bias for req in requests)
     if banned or adjusted or constrained:
         logits = raw.clone()
@@ -131,7 +132,7 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
             rows, tokens = zip(*banned)
             logits[list(rows), list(tokens)] = float("-inf")
         if constrained:
-            disallowed = _disallowed_tokens([requests[row].token_bitmask for row in constrained], logits.shape[1])
+            disallowed = _disallowed_tokens([requests[row].token_mask for row in constrained], logits.shape[1])
             disallowed = disallowed.to(logits.device)
             if len(constrained) == len(requests):
                 logits.masked_fill_(disallowed, float("-inf"))
@@ -151,10 +152,10 @@ def sample(logits: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenL
     return _with_logprobs(raw, token_ids, requests)
 
 
-def _disallowed_tokens(bitmasks: list[bytes], vocab_size: int) -> torch.Tensor:
-    """Bool rows of the tokens each bitmask leaves out (bit i of word w allows token 32 w + i)."""
-    inverted = ~np.frombuffer(b"".join(bitmasks), dtype=np.uint8)
-    bits = np.unpackbits(inverted, bitorder="little").reshape(len(bitmasks), -1)[:, :vocab_size]
+def _disallowed_tokens(masks: list[TokenMask], vocab_size: int) -> torch.Tensor:
+    """Bool rows of the tokens each mask leaves out."""
+    inverted = ~np.stack([mask.allowed_words() for mask in masks]).view(np.uint8)  # little-endian words
+    bits = np.unpackbits(inverted, axis=1, bitorder="little")[:, :vocab_size]
     return torch.from_numpy(bits.view(np.bool_))
 
 

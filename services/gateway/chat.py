@@ -25,7 +25,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state, model, body = await accept(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
-    tools = tool_plan(body)
+    tools = tool_plan(body, model.tokenizer.chat_template if model.tokenizer is not None else None)
     prompt_ids = render_prompt(body, model, tools)
     choices = build_choices(
         body,
@@ -96,19 +96,20 @@ def _message_dict(message: ChatMessage, index: int, template_takes_tools: bool) 
         content = "\n".join(part.text for part in content)
     # As OpenAI: developer messages are the system prompt under newer models' name for it.
     role = "system" if message.role == "developer" else message.role
+    calls = [_template_call(call, index) for call in message.tool_calls or []]
     if template_takes_tools:
-        extra = {"tool_calls": message.tool_calls, "tool_call_id": message.tool_call_id}
+        extra = {"tool_calls": calls or None, "tool_call_id": message.tool_call_id}
     else:  # the turns of a tool call as text, in the syntax describe() asks for
         extra = {}
-        calls = [_call_text(call, index) for call in message.tool_calls or []]
-        content = "\n".join(filter(None, [content, *calls]))
+        content = "\n".join(filter(None, [content, *(_call_text(call) for call in calls)]))
         if role == "tool":
             role, content = "user", f"<tool_response>{content}</tool_response>"
     # null content (an assistant turn that only called tools) renders as empty, not as a template error
     return {"role": role, "content": content or "", "name": message.name, **extra}
 
 
-def _call_text(call: dict[str, Any], index: int) -> str:
+def _template_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """A call as chat templates read it (as vLLM and transformers give it): arguments decoded."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise ApiError(400, "a tool call is {\"function\": {\"name\", \"arguments\"}}", param=f"messages[{index}].tool_calls")
@@ -117,6 +118,9 @@ def _call_text(call: dict[str, Any], index: int) -> str:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
         parsed = arguments
-    return f"<tool_call>{json.dumps({'name': function['name'], 'arguments': parsed})}</tool_call>"
+    return {**call, "type": "function", "function": {"name": function["name"], "arguments": parsed}}
 
 
+def _call_text(call: dict[str, Any]) -> str:
+    function = call["function"]
+    return f"<tool_call>{json.dumps({'name': function['name'], 'arguments': function['arguments']})}</tool_call>"

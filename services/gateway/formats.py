@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from ember_core.output_processor import ChoiceResult, ChoiceUpdate
 from ember_core.tokenizer import Tokenizer
 from ember_gateway.logprobs import TextOffsets, chat_logprobs, completion_logprobs, echoed_prompt_logprobs
-from ember_gateway.tools import ToolPlan, parse_calls
+from ember_gateway.tools import CallStream, ToolPlan, parse_calls
 from ember_proto import FinishReason, TokenLogprob
 
 
@@ -33,13 +33,14 @@ class ChatFormat:
     def __init__(
         self, tokenizer: Tokenizer | None, logprobs: bool, return_token_ids: bool, tools: ToolPlan | None = None
     ) -> None:
-        """tools: a choice's output may be tool calls; a stream then holds each choice's text until
-        it ends, and sends its calls (or its text) at once."""
+        """tools: a choice's output may be tool calls; a stream sends each call once it is complete
+        (CallStream), and the logprobs and token ids of held text with the chunk that sends it."""
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._return_token_ids = return_token_ids
         self._tools = tools
-        self._held: dict[int, ChoiceResult] = {}
+        self._calls: dict[int, CallStream] = {}
+        self._unsent: dict[int, ChoiceResult] = {}
 
     def stream_start(self, index: int) -> dict[str, Any] | None:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -69,20 +70,27 @@ class ChatFormat:
         return choice
 
     def _tool_stream_choices(self, update: ChoiceUpdate) -> list[dict[str, Any]]:
-        held = self._held.setdefault(update.index, ChoiceResult(update.index))
-        held.add(update)
-        if update.finish_reason is None:
-            return []
-        del self._held[update.index]
         assert self._tools is not None
-        content, calls = parse_calls(self._tools, held.text)
-        if calls:
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
-        else:
-            delta = {"content": content}
-        chunk = self._choice(update.index, "delta", delta, held.logprobs, held.token_ids, None)
-        finish = "tool_calls" if calls else update.finish_reason.label
-        return [chunk, {"index": update.index, "delta": {}, "logprobs": None, "finish_reason": finish}]
+        calls = self._calls.setdefault(update.index, CallStream(self._tools))
+        unsent = self._unsent.setdefault(update.index, ChoiceResult(update.index))
+        unsent.add(update)
+        content, entries = calls.feed(update.text)
+        if update.finish_reason is not None:
+            more_content, more_entries = calls.finish()
+            content, entries = content + more_content, entries + more_entries
+        delta: dict[str, Any] = {"content": content} if content else {}
+        if entries:
+            delta["tool_calls"] = entries
+        chunks = []
+        if delta or (update.finish_reason is not None and _has_content(unsent, self._logprobs, self._return_token_ids)):
+            chunks.append(self._choice(update.index, "delta", delta, unsent.logprobs, unsent.token_ids, None))
+            del self._unsent[update.index]
+        if update.finish_reason is not None:
+            finish = "tool_calls" if calls.num_calls else update.finish_reason.label
+            chunks.append({"index": update.index, "delta": {}, "logprobs": None, "finish_reason": finish})
+            del self._calls[update.index]
+            self._unsent.pop(update.index, None)
+        return chunks
 
     def _choice(
         self,
@@ -183,7 +191,7 @@ def _label(finish_reason: FinishReason | None) -> str | None:
     return None if finish_reason is None else finish_reason.label
 
 
-def _has_content(update: ChoiceUpdate, logprobs: bool, token_ids: bool) -> bool:
+def _has_content(update: ChoiceUpdate | ChoiceResult, logprobs: bool, token_ids: bool) -> bool:
     """Whether a stream chunk of this update would carry anything: text, or logprobs or token ids
     when the client asked for them."""
     return bool(update.text or (logprobs and update.logprobs) or (token_ids and update.token_ids))

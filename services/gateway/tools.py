@@ -3,10 +3,12 @@ how they reach the model, and the calls read back from its output.
 
 With `required` or a named function the output is constrained to calls whose arguments match the
 function's `parameters` schema (a JSON array of calls with `parallel_tool_calls`, else one call).
-With `auto` the model's own syntax is parsed: Hermes-style `<tool_call>{...}</tool_call>` blocks,
-or a whole output that is a call object or an array of them (Llama 3.x's JSON calls, where
-`parameters` stands for `arguments`). A chat template that renders `tools` gets them; for one that
-does not (SmolLM2-135M's), the tools are described in a system message.
+With `auto` the model's own syntax is parsed, by the parser of its family as its chat template
+shows it: Llama 3.x's templates ask for a JSON object `{"name", "parameters"}` (or an array of
+them) as the whole output; Hermes-style templates (Qwen 2.5, Hermes, SmolLM3) for
+`<tool_call>{"name", "arguments"}</tool_call>` blocks. A chat template that renders `tools` gets
+them; for one that does not (SmolLM2-135M's), the tools are described in a system message that asks
+for the Hermes blocks.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import ChatCompletionRequest
 from ember_proto import StructuredOutputs
 
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_CALL = re.compile(rf"{_HERMES_OPEN}\s*(.*?)\s*{_HERMES_CLOSE}", re.DOTALL)
+_LLAMA_PYTHON_TAG = "<|python_tag|>"
+
+ToolSyntax = Literal["hermes", "llama3_json"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,7 @@ class ToolPlan:
     tools: list[dict[str, Any]]  # the request's tool objects (type function)
     choice: str  # "auto", "required", or the name of the one function to call
     parallel: bool
+    syntax: ToolSyntax = "hermes"  # how the model writes calls under "auto"
 
     @property
     def constrained(self) -> bool:
@@ -38,7 +45,15 @@ class ToolPlan:
         return [tool["function"] for tool in self.tools]
 
 
-def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
+def tool_syntax(chat_template: str | None) -> ToolSyntax:
+    """The model family's call syntax, read from its chat template."""
+    renders_tools = bool(chat_template) and "tools" in chat_template and _HERMES_OPEN not in chat_template
+    if renders_tools and (_LLAMA_PYTHON_TAG in chat_template or '"parameters"' in chat_template):
+        return "llama3_json"
+    return "hermes"
+
+
+def tool_plan(body: ChatCompletionRequest, chat_template: str | None) -> ToolPlan | None:
     """None when the output is plain text: no tools, or tool_choice none."""
     if not body.tools or body.tool_choice == "none":
         return None
@@ -58,7 +73,7 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan | None:
         choice = name
     elif choice not in ("auto", "required"):
         raise ApiError(400, "tool_choice must be none, auto, required or {\"type\": \"function\", ...}", param="tool_choice")
-    return ToolPlan(body.tools, choice, body.parallel_tool_calls is not False)
+    return ToolPlan(body.tools, choice, body.parallel_tool_calls is not False, tool_syntax(chat_template))
 
 
 def constraint(plan: ToolPlan) -> StructuredOutputs | None:
@@ -95,20 +110,97 @@ def describe(plan: ToolPlan) -> str:
 
 
 def parse_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool calls) of an output; no calls: the text is the content."""
+    """(content, tool calls) of an output; no calls (a forced call cut short too): the text is the content."""
+    content, calls = _read_calls(plan, text)
+    return content, [_openai_call(call) for call in calls[: None if plan.parallel else 1]]
+
+
+def _read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls as {"name", "arguments"})."""
     if plan.constrained:
-        calls = _calls(_json(text))
-        return None, [_openai_call(call) for call in calls]
-    blocks = _HERMES_CALL.findall(text)
-    calls = [call for block in blocks for call in _calls(_json(block))]
-    if not blocks:
-        calls = _calls(_json(text.strip()))
+        content, calls = "", _calls(_json(text))
+    elif plan.syntax == "llama3_json":  # the whole output is the call or an array of calls
+        content, calls = "", _calls(_json(text.strip().removeprefix(_LLAMA_PYTHON_TAG)))
+    else:
+        blocks = _HERMES_CALL.findall(text)
+        content, calls = _HERMES_CALL.sub("", text).strip(), [call for block in blocks for call in _calls(_json(block))]
     if not calls:
         return text, []
-    if not plan.parallel:
-        calls = calls[:1]
-    content = _HERMES_CALL.sub("", text).strip() if blocks else ""
-    return content or None, [_openai_call(call) for call in calls]
+    return content or None, calls
+
+
+class CallStream:
+    """One streamed choice's output with tools: its content as it comes, held back only where it
+    may begin a call, and each call (an OpenAI stream entry, with its index) once it is complete.
+    A forced call (required / named) and Llama 3.x's JSON are the whole output: they come at the end."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._plan = plan
+        self._text = ""
+        self._done = 0  # characters of _text sent as content or read as calls
+        self._whole = plan.constrained  # the output is read once it is complete
+        self._plain = False  # a Llama 3.x output that began as text: all content
+        self.num_calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        self._text += text
+        if self._whole:
+            return "", []
+        if self._plan.syntax == "hermes":
+            return self._hermes()
+        if not self._plain:
+            start = self._text.lstrip()
+            if start[:1] in ("{", "[") or start.startswith(_LLAMA_PYTHON_TAG):
+                self._whole = True
+                return "", []
+            self._plain = bool(start) and not _LLAMA_PYTHON_TAG.startswith(start)
+            if not self._plain:
+                return "", []
+        return self._content(len(self._text))
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """What is left once the output is complete: a call cut short is content."""
+        if self._whole:
+            content, calls = _read_calls(self._plan, self._text)
+            return content or "", self._entries(calls)
+        return self._content(len(self._text))
+
+    def _hermes(self) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = "", []
+        while True:
+            rest = self._text[self._done :]
+            start = rest.find(_HERMES_OPEN)
+            if start < 0:
+                more, _ = self._content(len(self._text) - _partial_suffix(rest, _HERMES_OPEN))
+                return content + more, self._entries(calls)
+            end = rest.find(_HERMES_CLOSE, start)
+            more, _ = self._content(self._done + start)
+            content += more
+            if end < 0:
+                return content, self._entries(calls)
+            block = rest[start + len(_HERMES_OPEN) : end]
+            self._done += end - start + len(_HERMES_CLOSE)
+            parsed = _calls(_json(block.strip()))
+            if parsed:
+                calls += parsed
+            else:  # not a call after all
+                content += f"{_HERMES_OPEN}{block}{_HERMES_CLOSE}"
+
+    def _content(self, end: int) -> tuple[str, list[dict[str, Any]]]:
+        content, self._done = self._text[self._done : end], max(self._done, end)
+        return content, []
+
+    def _entries(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not self._plan.parallel:
+            calls = calls[: max(0, 1 - self.num_calls)]
+        entries = [{"index": self.num_calls + i, **_openai_call(call)} for i, call in enumerate(calls)]
+        self.num_calls += len(entries)
+        return entries
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of text's longest ending that begins tag (held back: it may be the tag's start)."""
+    return next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-n:])), 0)
 
 
 def _json(text: str) -> Any:

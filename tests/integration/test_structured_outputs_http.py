@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import openai
 import pydantic
 import pytest
@@ -87,3 +90,60 @@ def test_a_required_tool_call_through_the_sdk(client: openai.OpenAI) -> None:
                  {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id, "content": "21 C, sunny"}]
     answer = client.chat.completions.create(model="smol", messages=messages, tools=[weather], temperature=0, max_tokens=20)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+class GetWeather(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=20)
+
+
+def test_the_sdk_reassembles_a_streamed_tool_call(client: openai.OpenAI) -> None:
+    tool = openai.pydantic_function_tool(GetWeather, name="get_weather", description="Current weather of a city")
+    with client.chat.completions.stream(
+        model="smol", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[tool], tool_choice="required",
+        temperature=0, max_tokens=60,
+    ) as stream:
+        events = [event.type for event in stream]
+        completion = stream.get_final_completion()
+    assert "tool_calls.function.arguments.done" in events
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls  # a pydantic tool is strict: one call, parsed by the SDK
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    assert isinstance(call.function.parsed_arguments, GetWeather)
+
+
+SCHEMAS = json.loads((Path(__file__).parents[1] / "core" / "data" / "json_schemas.json").read_text())
+
+
+async def test_twenty_schemas_streamed_with_n_3_validate(client: openai.OpenAI) -> None:
+    """Sampled, 3 choices each, all at once: 60 sequences in a 64-block pool, so some are preempted."""
+    async_client = openai.AsyncOpenAI(base_url=client.base_url, api_key="unused", max_retries=0)
+
+    async def texts(index: int, schema: dict) -> tuple[list[str], list[str]]:
+        stream = await async_client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": f"Answer in JSON ({index})."}], n=3, temperature=1.0,
+            seed=index, max_tokens=64, stream=True,
+            response_format={"type": "json_schema", "json_schema": {"name": f"schema_{index}", "schema": schema}},
+        )
+        parts, finishes = [[] for _ in range(3)], [""] * 3
+        async for chunk in stream:
+            for choice in chunk.choices:
+                parts[choice.index].append(choice.delta.content or "")
+                finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+        return ["".join(p) for p in parts], finishes
+
+    results = await asyncio.gather(*(texts(index, schema) for index, schema in enumerate(SCHEMAS)))
+    await async_client.close()
+    metrics = await asyncio.to_thread(_get, str(client.base_url).removesuffix("v1/") + "metrics")
+    assert re.search(r"^ember_num_preemptions_total\{.*\} [1-9]", metrics, re.MULTILINE), metrics
+    for schema, (outputs, finishes) in zip(SCHEMAS, results):
+        for text, finish in zip(outputs, finishes):
+            if finish != "length":
+                assert finish == "stop"
+                jsonschema.validate(json.loads(text), schema)
+    assert sum(finish == "stop" for _, finishes in results for finish in finishes) >= 45
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url) as response:
+        return response.read().decode()
