@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4'
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.ember-installed
 
-.PHONY: install deploy-tools run serve generate test compose-smoke clean
+.PHONY: install deploy-tools run serve generate test compose-smoke fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ test: $(STAMP) deploy-tools
 # runs the stack and checks it through nginx (tests/deploy); skips, saying why, where it cannot.
 compose-smoke: $(STAMP)
 	$(PY) -m pytest -q -s -m compose tests/deploy $(PYTEST_ARGS)
+
+# schemathesis against a real engine and gateway, from the gateway's /openapi.json; EMBER_FUZZ_SEED
+# replays a run (the test prints its seed).
+fuzz: $(STAMP)
+	$(PY) -m pytest -q -m fuzz tests/integration/test_fuzz.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -53,7 +53,7 @@ class Limit:
 N = Limit(int, ge=1, le=128)
 TOKEN_COUNT = Limit(int, ge=0)  # max_tokens, min_tokens
 TEMPERATURE = Limit(float, ge=0, le=2)
-TOP_P = Limit(float, gt=0, le=1)
+TOP_P = Limit(float, ge=0, le=1, note="(0 keeps only the most likely token, as OpenAI allows)")
 TOP_K = Limit(int, ge=-1, le=INT64_MAX, note="(0 and -1 disable it)")
 MIN_P = Limit(float, ge=0, le=1)
 SEED = Limit(int, ge=INT64_MIN, le=INT64_MAX)

@@ -107,4 +107,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1 or self.top_p == 0

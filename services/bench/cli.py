@@ -87,6 +87,21 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     routing.set_defaults(bench_handler=_routing)
     add_log_level_argument(routing, default=argparse.SUPPRESS)
 
+    abuse = commands.add_parser(
+        "abuse", help="a fresh `ember serve` under slowloris, slow bodies, idle connections, a disconnect storm, a soak"
+    )
+    abuse.add_argument("--model", default=DEFAULT_MODEL, help="what ember serve loads")
+    abuse.add_argument("--slow-connections", type=int, default=400, metavar="N", help="slowloris connections")
+    abuse.add_argument("--idle-connections", type=int, default=200, metavar="N")
+    abuse.add_argument("--slow-bodies", type=int, default=100, metavar="N")
+    abuse.add_argument("--storm-requests", type=int, default=100, metavar="N", help="requests whose clients leave")
+    abuse.add_argument("--soak", type=float, default=60.0, metavar="S", help="seconds of mixed load at the end")
+    abuse.add_argument("--soak-concurrency", type=int, default=8, metavar="C")
+    abuse.add_argument("--serve-args", default="", metavar="ARGS", help="more `ember serve` flags, as one string")
+    abuse.add_argument("--output-json", metavar="PATH", help="write the configuration and every number here")
+    abuse.set_defaults(bench_handler=_abuse)
+    add_log_level_argument(abuse, default=argparse.SUPPRESS)
+
     offline = commands.add_parser("offline", help="the in-process engine across batching, admission and dtype settings")
     add_log_level_argument(offline, default=argparse.SUPPRESS)
     _add_workload_arguments(offline, "words, or token ids when the model has no tokenizer")
@@ -197,6 +212,25 @@ def _routing(args: argparse.Namespace) -> int:
             "runs": [{**dataclasses.asdict(run), "computed_tokens": run.computed_tokens} for run in runs],
         })
     return 0 if all(run.failed == 0 for run in runs) else 1
+
+
+def _abuse(args: argparse.Namespace) -> int:
+    import shlex
+
+    from ember_bench.abuse import AbuseSetup, abuse_summary, run_abuse
+    from ember_bench.report import write_json
+
+    setup = AbuseSetup(
+        model=args.model, slow_connections=args.slow_connections, idle_connections=args.idle_connections,
+        slow_bodies=args.slow_bodies, storm_requests=args.storm_requests, soak_s=args.soak,
+        soak_concurrency=args.soak_concurrency, serve_args=tuple(shlex.split(args.serve_args)),
+    )
+    report = run_abuse(setup)
+    print(abuse_summary(report))
+    if args.output_json:
+        write_json(args.output_json, {"benchmark": "abuse", "timestamp": _now(), **dataclasses.asdict(report)})
+    soak = report.phases["soak"]
+    return 0 if soak["lost"] == 0 and soak["http_error"] == 0 else 1
 
 
 def _offline(args: argparse.Namespace) -> int:

@@ -6,22 +6,18 @@ the hit rate, TTFT p50/p90 and output throughput."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ember_bench.conversations import ConversationWorkload, TurnResult, run_conversations
-
-STARTUP_TIMEOUT_S = 300.0
+from ember_bench.local_server import local_server, served_model
 
 
 @dataclass(frozen=True)
@@ -59,48 +55,18 @@ class RoutingRun:
 
 def run_routing(setup: RoutingSetup, workload: ConversationWorkload, modes: list[str]) -> Iterator[RoutingRun]:
     for routing in modes:
-        with _server(setup, routing) as url:
+        with _server(setup, routing) as (url, _):
             started = time.monotonic()
             turns = asyncio.run(run_conversations(
-                url, _served_model(url), workload, setup.timeout_s, setup.concurrency, setup.user_rate, setup.seed
+                url, served_model(url), workload, setup.timeout_s, setup.concurrency, setup.user_rate, setup.seed
             ))
             duration = time.monotonic() - started
             yield _summary(routing, turns, duration, _metrics(url))
 
 
-@contextmanager
-def _server(setup: RoutingSetup, routing: str) -> Iterator[str]:
-    port = _free_port()
-    argv = [
-        sys.executable, "-m", "ember_cli", "serve", "--model", setup.model, "--port", str(port),
-        "--data-parallel-size", str(setup.data_parallel_size), "--routing", routing, "--log-level", "WARNING",
-        *setup.extra_serve_args,
-    ]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while _engines_ready(url) < setup.data_parallel_size:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ember serve --routing {routing} did not come up: {' '.join(argv)}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-
-
-def _engines_ready(url: str) -> int:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            return len(json.load(response)["engines"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def _served_model(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
-        return json.load(response)["data"][0]["id"]
+def _server(setup: RoutingSetup, routing: str) -> AbstractContextManager[tuple[str, subprocess.Popen]]:
+    serve_args = ["--data-parallel-size", str(setup.data_parallel_size), "--routing", routing, *setup.extra_serve_args]
+    return local_server(setup.model, setup.data_parallel_size, serve_args)
 
 
 def _metrics(url: str) -> dict[str, dict[str, float]]:
@@ -146,9 +112,3 @@ def routing_table(runs: list[RoutingRun]) -> str:
             f"{run.ttft_p90_ms:>10.0f}{run.output_throughput:>8.1f}"
         )
     return "\n".join(lines)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -13,18 +13,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ember_gateway.chat import create_chat_completion
 from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
+from ember_gateway.connections import EdgeAppRunner, EdgeLimits
 from ember_gateway.cors import add_cors_headers, cors_middleware
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable, from_http_exception, internal_error
+from ember_gateway.intake import check_framing
 from ember_gateway.metrics import GatewayMetrics
+from ember_gateway.openapi import openapi_document
 from ember_gateway.respond import json_response
 from ember_gateway.state import STATE, GatewayState
 from ember_gateway.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers need no API key
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")  # probes, scrapers and API clients need no API key
 
 
 def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.Application:
@@ -52,6 +55,7 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
             web.get("/v1/models/{model:.+}", get_model),
             web.get("/health", health),
             web.get("/metrics", metrics),
+            web.get("/openapi.json", openapi_document),
         ]
     )
     app.on_startup.append(_start_pool)
@@ -60,10 +64,15 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
 
 
 async def start_runner(app: web.Application, shutdown_timeout: float = 10.0) -> web.AppRunner:
-    runner = web.AppRunner(
+    config = app[STATE].config
+    runner = EdgeAppRunner(
         app,
+        edge_limits=EdgeLimits(config.header_timeout, config.body_timeout, config.keepalive_timeout, config.max_connections),
         handler_cancellation=True,  # a client that goes away cancels its handler, which aborts its requests
         shutdown_timeout=shutdown_timeout,
+        # the unread rest of a refused body is drained this long before the close, so that the
+        # client reads the answer rather than a reset
+        lingering_time=2.0,
         access_log=None,
     )
     await runner.setup()
@@ -128,14 +137,16 @@ def _auth_middleware(api_key: str | None) -> web.Middleware:
 
 def _expect_handler(max_body_bytes: int, api_key: bytes | None) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
     """Answers `Expect: 100-continue` (curl sends it for bodies over 1 MB) before the client uploads:
-    a request that would be refused anyway (no valid API key, a declared body over the limit) gets
+    a request that would be refused anyway (no valid API key, a body refused by check_framing) gets
     its error instead of `100 Continue`, on a connection then closed, since its body never comes."""
 
     async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         error = _api_key_error(request, api_key)
-        if error is None and (request.content_length or 0) > max_body_bytes:
-            error = ApiError(413, f"request body of {request.content_length} bytes is over the limit of {max_body_bytes}",
-                             code="request_too_large")
+        if error is None:
+            try:
+                check_framing(request, max_body_bytes)
+            except ApiError as refused:
+                error = refused
         if error is None and request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
             error = ApiError(417, f"unsupported Expect: {request.headers.get(hdrs.EXPECT)!r} (only 100-continue)")
         if error is not None:

@@ -15,7 +15,7 @@ from ember_gateway.formats import ChatFormat
 from ember_gateway.intake import accept
 from ember_gateway.plans import build_choices
 from ember_gateway.respond import respond
-from ember_gateway.schemas import ChatCompletionRequest, ChatMessage, TokenizeRequest
+from ember_gateway.schemas import ChatCompletionRequest, ChatMessage, RefusalPart, TextPart, TokenizeRequest
 from ember_gateway.tools import ToolPlan, describe, tool_plan
 from ember_gateway.tools import constraint as tool_constraint
 
@@ -90,12 +90,15 @@ def render_prompt(
 
 def _message_dict(message: ChatMessage, index: int, template_takes_tools: bool) -> dict[str, Any]:
     content = message.content
-    if content is None and message.role != "assistant":
+    if content is None and message.role not in ("assistant", "function"):  # OpenAI's function content may be null
         raise ApiError(400, f"a {message.role} message needs content", param=f"messages[{index}].content")
     if isinstance(content, list):
-        content = "\n".join(part.text for part in content)
-    # As OpenAI: developer messages are the system prompt under newer models' name for it.
-    role = "system" if message.role == "developer" else message.role
+        content = "\n".join(_part_text(part, message.role, index) for part in content)
+    if message.role == "function" and not message.name:
+        raise ApiError(400, "a function message needs the function's name", param=f"messages[{index}].name")
+    # As OpenAI: developer messages are the system prompt under newer models' name for it; a
+    # function message is the legacy form of a tool result.
+    role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
     calls = [_template_call(call, index) for call in message.tool_calls or []]
     if template_takes_tools:
         extra = {"tool_calls": calls or None, "tool_call_id": message.tool_call_id}
@@ -106,6 +109,14 @@ def _message_dict(message: ChatMessage, index: int, template_takes_tools: bool) 
             role, content = "user", f"<tool_response>{content}</tool_response>"
     # null content (an assistant turn that only called tools) renders as empty, not as a template error
     return {"role": role, "content": content or "", "name": message.name, **extra}
+
+
+def _part_text(part: TextPart | RefusalPart, role: str, index: int) -> str:
+    if isinstance(part, TextPart):
+        return part.text
+    if role != "assistant":
+        raise ApiError(400, "a refusal content part is only for assistant messages", param=f"messages[{index}].content")
+    return part.refusal
 
 
 def _template_call(call: dict[str, Any], index: int) -> dict[str, Any]:

@@ -63,6 +63,23 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger request bodies get 413 (EMBER_MAX_BODY_BYTES)",
     )
     parser.add_argument(
+        "--header-timeout", type=_positive_seconds, default=env("EMBER_HEADER_TIMEOUT", "10"),
+        help="seconds from a request's first byte to the end of its headers, else the connection is closed "
+        "(EMBER_HEADER_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--body-timeout", type=_positive_seconds, default=env("EMBER_BODY_TIMEOUT", "10"),
+        help="longest wait for more of a request body (a minimum body rate), else 408 (EMBER_BODY_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--keepalive-timeout", type=_positive_seconds, default=env("EMBER_KEEPALIVE_TIMEOUT", "30"),
+        help="seconds an idle connection is kept open between requests (EMBER_KEEPALIVE_TIMEOUT)",
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=env("EMBER_MAX_CONNECTIONS", "1024"),
+        help="open HTTP connections; more are answered 503 at accept (EMBER_MAX_CONNECTIONS)",
+    )
+    parser.add_argument(
         "--model-name", default=env("EMBER_MODEL_NAME"),
         help="served model name; default the engine's model id (EMBER_MODEL_NAME)",
     )
@@ -134,6 +151,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         max_pending=args.max_pending,
         request_timeout=args.request_timeout,
         max_body_bytes=args.max_body_bytes,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keepalive_timeout=args.keepalive_timeout,
+        max_connections=args.max_connections,
         model_name=args.model_name or None,
         engine_timeout=args.engine_timeout,
         engine_wait=args.engine_wait,

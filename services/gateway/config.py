@@ -36,6 +36,12 @@ class GatewayConfig:
     # Requests in flight when the engine is lost wait this long for a restarted engine serving the
     # same model, which continues each after the tokens it already sent; 0: they fail at once.
     engine_resume_wait: float = 0.0
+    # The HTTP edge (connections.py): seconds from a request's first byte to the end of its headers,
+    # the longest wait for more of a request body, an idle connection's life, and open connections.
+    header_timeout: float = 10.0
+    body_timeout: float = 10.0
+    keepalive_timeout: float = 30.0
+    max_connections: int = 1024
     # A listening socket inherited from a launcher (`ember serve`), served instead of binding host:port.
     listen_fd: int | None = None
 
@@ -58,6 +64,11 @@ class GatewayConfig:
         # `not 0 < x < inf` also rejects nan
         if self.request_timeout is not None and not 0 < self.request_timeout < math.inf:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+        for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         for name in ("engine_wait", "engine_resume_wait"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")

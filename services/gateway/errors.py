@@ -17,7 +17,9 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        close_connection: bool = False,
     ) -> None:
+        """close_connection: the connection ends after this answer (the request was not read whole)."""
         super().__init__(message)
         self.status = status
         self.message = message
@@ -25,12 +27,16 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.close_connection = close_connection
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+        response = web.json_response(self.body(), status=self.status, headers=self.headers)
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
 def engine_unavailable(message: str = "no engine is connected and ready; try again shortly") -> ApiError:

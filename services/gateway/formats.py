@@ -58,7 +58,8 @@ class ChatFormat:
         return choices
 
     def final_choice(self, result: ChoiceResult) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        # OpenAI requires refusal in a message (null: ember's models answer in content); deltas omit it
+        message: dict[str, Any] = {"role": "assistant", "content": result.text, "refusal": None}
         calls = []
         if self._tools is not None:
             message["content"], calls = parse_calls(self._tools, result.text)

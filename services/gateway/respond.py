@@ -4,8 +4,10 @@ SSE stream."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ import msgspec
 from aiohttp import web
 
 from ember_core.output_processor import ChoiceRequest, ChoiceResult
+from ember_gateway.connections import client_half_closed
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
 from ember_gateway.formats import ResponseFormat
@@ -21,6 +24,8 @@ from ember_gateway.sse import DONE, open_stream, sse_event
 from ember_gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
+
+_HEARTBEAT_S = 0.5
 
 
 async def respond(
@@ -50,11 +55,63 @@ async def respond(
     with generation:
         if stream:
             return await _stream(request, generation, response_format, envelope, len(choices), include_usage)
-        results = [ChoiceResult(index) for index in range(len(choices))]
-        while (update := await generation.next_update()) is not None:
-            results[update.index].add(update)
-        body_choices = [response_format.final_choice(result) for result in results]
-        return json_response(envelope(response_format.object_name, body_choices, usage=envelope.usage(generation)))
+        answer = asyncio.ensure_future(_answer(generation, response_format, envelope, len(choices)))
+        try:
+            response = await _await_or_heartbeat(request, answer, lambda: _open_json(request), b" ")
+        finally:
+            answer.cancel()
+        if response is None:
+            return json_response(answer.result())
+        try:
+            body = answer.result()
+        except ApiError as exc:  # the 200 is sent: the error is the body
+            body = exc.body()
+        await response.write(msgspec.json.encode(body))
+        await response.write_eof()
+        return response
+
+
+async def _answer(
+    generation: Generation, response_format: ResponseFormat, envelope: _Envelope, num_choices: int
+) -> dict[str, Any]:
+    results = [ChoiceResult(index) for index in range(num_choices)]
+    while (update := await generation.next_update()) is not None:
+        results[update.index].add(update)
+    body_choices = [response_format.final_choice(result) for result in results]
+    return envelope(response_format.object_name, body_choices, usage=envelope.usage(generation))
+
+
+async def _await_or_heartbeat(
+    request: web.Request,
+    pending: asyncio.Future[Any],
+    open_response: Callable[[], Awaitable[web.StreamResponse]],
+    heartbeat: bytes,
+) -> web.StreamResponse | None:
+    """Wait for pending; None if it is done before the client shuts its side of the connection.
+    After that, the client may still be reading (a half-close) or be gone (a close), which look the
+    same until something is written. So the response is opened (a 200) and the heartbeat written
+    every half second until pending is done: a gone client answers the first write with a reset,
+    the next write fails, and the request is aborted as on any disconnect."""
+    half_closed = asyncio.ensure_future(client_half_closed(request).wait())
+    try:
+        await asyncio.wait({pending, half_closed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        half_closed.cancel()
+    if pending.done():
+        return None
+    response = await open_response()
+    while not pending.done():
+        await response.write(heartbeat)
+        await asyncio.wait({pending}, timeout=_HEARTBEAT_S)
+    return response
+
+
+async def _open_json(request: web.Request) -> web.StreamResponse:
+    """A JSON body of unknown length, sent in chunks."""
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    return response
 
 
 @dataclass(frozen=True)
@@ -93,15 +150,22 @@ async def _stream(
     include_usage: bool,
 ) -> web.StreamResponse:
     # Wait for the first output before committing to a 200 stream, so a request the engine
-    # rejects still gets its proper status.
-    update = await generation.next_update()
-    response = await open_stream(request)
+    # rejects still gets its proper status (unless the client shut its side meanwhile).
+    first = asyncio.ensure_future(generation.next_update())
+    try:
+        response = await _await_or_heartbeat(request, first, lambda: open_stream(request), b": waiting\n\n")
+    finally:
+        first.cancel()
+    if response is None:
+        first.result()  # an engine's refusal: raised as its HTTP status
+        response = await open_stream(request)
     usage_field = {"usage": None} if include_usage else {}
 
     async def send(choices: list[dict[str, Any]]) -> None:
         await response.write(sse_event(envelope(response_format.chunk_object_name, choices, **usage_field)))
 
     try:
+        update = first.result()
         for index in range(num_choices):
             if (start := response_format.stream_start(index)) is not None:
                 await send([start])

@@ -76,14 +76,20 @@ class CompletionRequest(GenerationRequest, kw_only=True):
     suffix: str | None = None  # not implemented
 
 
-class ContentPart(msgspec.Struct):
-    type: Literal["text"]
+class TextPart(msgspec.Struct, tag="text", tag_field="type"):
     text: str
 
 
+class RefusalPart(msgspec.Struct, tag="refusal", tag_field="type"):
+    """An assistant's earlier refusal, sent back in the conversation."""
+
+    refusal: str
+
+
 class ChatMessage(msgspec.Struct):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    # "function": the deprecated answer to a function_call, read as a tool result
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | RefusalPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # a tool message's answer to
@@ -144,12 +150,27 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
         param = f"{location}.{missing[1]}".lstrip(".") if missing else location
         raise ApiError(400, f"invalid request: {message}", param=param or None) from None
     except msgspec.DecodeError as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+        raise ApiError(400, f"the request body is not valid JSON: {_decode_error_message(raw, exc)}") from None
     except RecursionError:  # msgspec decodes nesting recursively: thousands of levels deep
         raise ApiError(400, "the request body is nested too deeply") from None
     if isinstance(body, GenerationRequest):
         reject_unsupported_values(body)
     return body
+
+
+# a high surrogate escape not followed by a low one, or a low one not preceded by a high one
+_LONE_SURROGATE = re.compile(
+    rb"\\u(d[89ab][0-9a-f]{2})(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})", re.IGNORECASE
+)
+
+
+def _decode_error_message(raw: bytes, exc: msgspec.DecodeError) -> str:
+    """msgspec's message, except for a lone UTF-16 surrogate escape, which it reports as truncated input."""
+    lone = _LONE_SURROGATE.search(raw)
+    if lone is None:
+        return str(exc)
+    escape = (lone[1] or lone[2]).decode()
+    return f"a lone UTF-16 surrogate \\u{escape} at byte {lone.start()} (a string holds only whole surrogate pairs)"
 
 
 # vLLM's extensions ember does not implement, and what to do instead

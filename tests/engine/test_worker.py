@@ -143,7 +143,7 @@ def test_malformed_messages_are_dropped_and_the_engine_keeps_serving(engine, con
         ([1, 2, 384], {}, "outside the vocabulary"),
         ([], {}, "empty"),
         ([1] * 250, {"max_tokens": 10}, "exceeds the model context"),
-        ([1, 2], {"top_p": 0.0}, "top_p"),
+        ([1, 2], {"top_p": -0.1}, "top_p"),
         ([1, 2], {"max_tokens": -1}, "max_tokens"),
         ([1] * 255, {"max_tokens": 1, "min_tokens": 0}, None),
     ],

@@ -17,7 +17,7 @@ from ember_gateway.config import GatewayConfig
 from ember_gateway.engine_client import EngineClient
 from ember_gateway.engine_pool import EnginePool
 from ember_gateway.state import STATE
-from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.fake_engine import CHATML, FakeEngine, byte_tokenizer_spec
 from tests.processes import free_port
 
 
@@ -73,6 +73,26 @@ async def fake_engine() -> AsyncIterator[FakeEngine]:
     await engine.start()
     yield engine
     await engine.stop()
+
+
+ReplyingEngine = Callable[..., Awaitable[FakeEngine]]
+
+
+@pytest.fixture
+async def replying() -> AsyncIterator[ReplyingEngine]:
+    """replying(text, chat_template=CHATML) -> a started fake engine whose every answer is text."""
+    engines: list[FakeEngine] = []
+
+    async def start(reply: str, chat_template: str = CHATML) -> FakeEngine:
+        engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", reply_text=reply, max_model_len=4096,
+                            tokenizer_spec=byte_tokenizer_spec(chat_template))
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield start
+    for engine in engines:
+        await engine.stop()
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ async def test_malformed_bodies_get_4xx_and_the_next_request_works(url: str):
     ]
     async with aiohttp.ClientSession() as session:
         for body, expected in corpus:
-            async with session.post(f"{url}/v1/completions", data=body) as response:
+            async with session.post(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}) as response:
                 assert_openai_error(response.status, await response.json(), expected)
         async with session.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": []}) as response:
             assert_openai_error(response.status, await response.json(), 400)

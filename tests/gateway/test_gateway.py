@@ -50,7 +50,8 @@ async def test_chat_shape(gateway: Gateway):
     assert status == 200
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     assert body["choices"] == [
-        {"index": 0, "message": {"role": "assistant", "content": "Hello"}, "logprobs": None, "finish_reason": "length"}
+        {"index": 0, "message": {"role": "assistant", "content": "Hello", "refusal": None}, "logprobs": None,
+         "finish_reason": "length"}
     ]
     assert body["usage"]["completion_tokens"] == 5
 

@@ -4,15 +4,10 @@ streamed, constrained when forced, and a conversation holding calls and their re
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from ember_gateway.tools import ToolPlan, parse_calls
 from tests.gateway.conftest import Gateway, StartGateway
-from tests.gateway.fake_engine import CHATML, FakeEngine, byte_tokenizer_spec
-from tests.processes import free_port
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
@@ -38,22 +33,6 @@ LLAMA3_TEMPLATE = (
 )
 
 
-@pytest.fixture
-async def replying() -> AsyncIterator[Any]:
-    engines: list[FakeEngine] = []
-
-    async def start(reply: str, chat_template: str = CHATML) -> FakeEngine:
-        engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", reply_text=reply, max_model_len=4096,
-                            tokenizer_spec=byte_tokenizer_spec(chat_template))
-        await engine.start()
-        engines.append(engine)
-        return engine
-
-    yield start
-    for engine in engines:
-        await engine.stop()
-
-
 def chat(**fields: Any) -> dict[str, Any]:
     return {"model": "fake-model", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
             **fields}
@@ -71,7 +50,7 @@ async def test_auto_reads_hermes_calls_and_leaves_plain_answers_as_text(replying
     assert choice["message"]["content"] == "Let me look."
     plain = await start_gateway(await replying("It is sunny."))
     status, body = await plain.post("/v1/chat/completions", chat(max_tokens=12))
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "It is sunny."}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "It is sunny.", "refusal": None}
     assert body["choices"][0]["finish_reason"] == "length"  # the engine's, as without tools
 
 

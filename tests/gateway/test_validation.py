@@ -66,7 +66,7 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
     (COMPLETIONS, completion(temperature=-0.1), 400, "temperature"),
     (COMPLETIONS, completion(temperature=2.5), 400, "temperature"),
     (COMPLETIONS, completion(temperature="hot"), 400, "temperature"),
-    (COMPLETIONS, completion(top_p=0), 400, "top_p"),
+    (COMPLETIONS, completion(top_p=-0.1), 400, "top_p"),
     (COMPLETIONS, completion(top_p=1.5), 400, "top_p"),
     (COMPLETIONS, completion(top_k=-2), 400, "top_k"),
     (COMPLETIONS, completion(min_p=1.5), 400, "min_p"),
@@ -230,7 +230,7 @@ async def test_compressed_bodies_are_read_and_a_body_that_is_not_what_its_encodi
         assert response.status == 200 and (await response.json())["choices"][0]["text"] == "Hel"
     async with gateway.http.post(COMPLETIONS, data=request, headers=headers) as response:
         error = assert_openai_error(response.status, await response.json(), 400)
-    assert error["message"].startswith("the request body could not be read")
+    assert error["message"].startswith("the request body could not be decoded")
 
 
 async def test_a_body_in_an_unknown_content_encoding_gets_415(gateway: Gateway):
