@@ -3,7 +3,7 @@ each bounded in count and time: slowloris (header bytes trickled), slow and over
 connections, a disconnect storm, then a soak at moderate load. Reported: connections the server
 still holds after each attack's timeout, a normal request's latency during the slowloris against
 quiet, how long the engine kept computing after the storm, requests lost, and the RSS and open
-file descriptors of every process at the start and the end."""
+file descriptors of every process at the start and the end of each round."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,41 +31,54 @@ class AbuseSetup:
     storm_requests: int = 100
     soak_s: float = 60.0
     soak_concurrency: int = 8
+    rounds: int = 2
     serve_args: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
+class AbuseRound:
+    processes_start: dict[str, dict[str, int]]  # per process: rss_kib, fds
+    processes_end: dict[str, dict[str, int]]
+    phases: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class AbuseReport:
     setup: AbuseSetup
-    processes_start: dict[str, dict[str, int]] = field(default_factory=dict)
-    processes_end: dict[str, dict[str, int]] = field(default_factory=dict)
-    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rounds: list[AbuseRound]
 
 
 def run_abuse(setup: AbuseSetup) -> AbuseReport:
+    """The attacks setup.rounds times on one server: the first round touches what a first load
+    touches (the KV pool's pages, allocator arenas), so later rounds show whether anything grows."""
+    rounds = []
     with local_server(setup.model, 1, list(setup.serve_args)) as (url, process):
-        report = AbuseReport(setup, processes_start=_process_usage(process.pid))
-        asyncio.run(_attacks(url, served_model(url), setup, report))
-        time.sleep(2.0)  # let closed connections and finished requests settle
-        report.processes_end = _process_usage(process.pid)
-    return report
+        model = served_model(url)
+        for _ in range(setup.rounds):
+            start = _process_usage(process.pid)
+            phases = asyncio.run(_attacks(url, model, setup))
+            time.sleep(2.0)  # let closed connections and finished requests settle
+            rounds.append(AbuseRound(start, _process_usage(process.pid), phases))
+    return AbuseReport(setup, rounds)
 
 
-async def _attacks(url: str, model: str, setup: AbuseSetup, report: AbuseReport) -> None:
+async def _attacks(url: str, model: str, setup: AbuseSetup) -> dict[str, dict[str, Any]]:
     host, port = url.removeprefix("http://").split(":")
     address = (host, int(port))
+    phases: dict[str, dict[str, Any]] = {}
     async with aiohttp.ClientSession() as session:
         probe = _Probe(session, url, model)
         quiet = await probe.latencies(10)
-        report.phases["quiet"] = {"latency_p50_s": _p50(quiet)}
-        report.phases["slowloris"] = await _held_open(
+        phases["quiet"] = {"latency_p50_s": _p50(quiet)}
+        phases["slowloris"] = await _held_open(
             address, setup.slow_connections, _trickle_headers, during=lambda: probe.latencies(10), quiet=quiet
         )
-        report.phases["slow_bodies"] = await _slow_bodies(address, setup.slow_bodies)
-        report.phases["idle"] = await _held_open(address, setup.idle_connections, _stay_idle)
-        report.phases["disconnect_storm"] = await _storm(session, url, model, setup.storm_requests)
-        report.phases["soak"] = await _soak(session, url, model, setup.soak_s, setup.soak_concurrency)
-        report.phases["after"] = {"latency_p50_s": _p50(await probe.latencies(10))}
+        phases["slow_bodies"] = await _slow_bodies(address, setup.slow_bodies)
+        phases["idle"] = await _held_open(address, setup.idle_connections, _stay_idle)
+        phases["disconnect_storm"] = await _storm(session, url, model, setup.storm_requests)
+        phases["soak"] = await _soak(session, url, model, setup.soak_s, setup.soak_concurrency)
+        phases["after"] = {"latency_p50_s": _p50(await probe.latencies(10))}
+    return phases
 
 
 @dataclass
@@ -252,14 +265,16 @@ def _p50(values: list[float]) -> float:
 
 
 def abuse_summary(report: AbuseReport) -> str:
-    lines = [f"{'phase':<18}result"]
-    for phase, result in report.phases.items():
-        lines.append(f"{phase:<18}" + ", ".join(f"{k}={_fmt(v)}" for k, v in result.items()))
-    lines.append("process                                   rss MiB start -> end   fds start -> end")
-    for name, start in report.processes_start.items():
-        end = report.processes_end.get(name, {"rss_kib": 0, "fds": 0})
-        lines.append(f"{name[:40]:<42}{start['rss_kib'] / 1024:>8.1f} -> {end['rss_kib'] / 1024:<8.1f}"
-                     f"{start['fds']:>8} -> {end['fds']}")
+    lines = []
+    for number, round_ in enumerate(report.rounds, 1):
+        lines.append(f"round {number}")
+        lines += [f"  {phase:<18}" + ", ".join(f"{k}={_fmt(v)}" for k, v in result.items())
+                  for phase, result in round_.phases.items()]
+        lines.append("  process                                   rss MiB start -> end   fds start -> end")
+        for name, start in round_.processes_start.items():
+            end = round_.processes_end.get(name, {"rss_kib": 0, "fds": 0})
+            lines.append(f"  {name[:40]:<42}{start['rss_kib'] / 1024:>8.1f} -> {end['rss_kib'] / 1024:<8.1f}"
+                         f"{start['fds']:>8} -> {end['fds']}")
     return "\n".join(lines)
 
 
