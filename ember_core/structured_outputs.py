@@ -1,21 +1,18 @@
 """Constrained decoding with llguidance: a request's StructuredOutputs (JSON schema, any JSON
 object, regex, choice, or grammar) becomes an llguidance grammar, checked without a model (the
 gateway's 400s) and compiled once per model and constraint; each constrained sequence keeps a
-matcher, which gives the mask of the tokens allowed next and consumes each token sampled. A step's
-masks are filled on a worker thread while the forward pass runs (llguidance releases the GIL).
+matcher, which gives the mask of the tokens allowed next (runner/token_masks.py) and consumes each
+token sampled.
 
 Torch-free: the gateway imports it to check constraints."""
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.numpy
 import msgspec
-import numpy as np
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from ember_core.tokenizer import Tokenizer
@@ -87,18 +84,6 @@ def _bytes_of(tokenizer: Tokenizer, token_id: int) -> bytes:
         return b""
 
 
-@dataclass(frozen=True)
-class TokenMask:
-    """One sequence's row of a step's next-token bitmasks (bit i of 32-bit word w allows token
-    32 w + i), which may still be being filled."""
-
-    batch: Future[np.ndarray]
-    row: int
-
-    def allowed_words(self) -> np.ndarray:
-        return self.batch.result()[self.row]
-
-
 @dataclass
 class ConstraintCompiler:
     """One model's: its llguidance tokenizer (built on first use, ~1 s) and each distinct
@@ -111,8 +96,6 @@ class ConstraintCompiler:
     def __post_init__(self) -> None:
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._compiled: dict[bytes, llguidance.LLMatcher] = {}
-        self._executor = llguidance.LLExecutor(num_threads=1)
-        self._filler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-token-masks")
 
     def matcher(self, spec: StructuredOutputs) -> llguidance.LLMatcher:
         """A fresh matcher of this constraint; StructuredOutputError when it does not compile."""
@@ -124,18 +107,6 @@ class ConstraintCompiler:
                 raise StructuredOutputError("", f"the constraint does not compile: {compiled.get_error()}")
             self._compiled[key] = compiled
         return compiled.deep_copy()
-
-    def next_token_masks(self, matchers: list[llguidance.LLMatcher]) -> list[TokenMask]:
-        """The matchers' masks of the tokens allowed next, filled in the background: the caller runs
-        the forward pass meanwhile and must not feed the matchers until it has read the masks."""
-        bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), self.vocab_size)
-
-        def fill() -> np.ndarray:
-            llguidance.numpy.fill_next_token_bitmask_par(self._executor, list(zip(matchers, range(len(matchers)))), bitmask)
-            return bitmask
-
-        batch = self._filler.submit(fill)
-        return [TokenMask(batch, row) for row in range(len(matchers))]
 
     def _llguidance_tokenizer(self) -> llguidance.LLTokenizer:
         if self._lltokenizer is None:

@@ -23,6 +23,7 @@ from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
+from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
 from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
@@ -85,6 +86,7 @@ class Engine:
         self._constraints = None if tokenizer is None else ConstraintCompiler(
             tokenizer, self.loaded.vocab_size, sorted(self.stop_token_ids)
         )
+        self._token_masks = TokenMaskFiller(self.loaded.vocab_size)
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         self._aborted: list[RequestDelta] = []
@@ -203,7 +205,7 @@ class Engine:
         constrained = [seq for seq, sampled in zip(decision.seqs, samples) if sampled and seq.matcher is not None]
         token_masks = {}
         if constrained:
-            masks = self._constraints.next_token_masks([seq.matcher for seq in constrained])
+            masks = self._token_masks.next_token_masks([seq.matcher for seq in constrained])
             token_masks = {seq.seq_id: mask for seq, mask in zip(constrained, masks)}
         chunks = []
         for seq, num_tokens, sampled in zip(decision.seqs, decision.num_scheduled_tokens, samples):

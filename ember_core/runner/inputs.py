@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember_core.runner.token_masks import TokenMask
 from ember_core.sampling_params import SamplingParams
-from ember_core.structured_outputs import TokenMask
 from ember_proto import TokenLogprob
 
 

@@ -15,8 +15,8 @@ import torch
 from ember_core.kernels import cpu_ops
 from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.penalties import apply_penalties_and_bias_
+from ember_core.runner.token_masks import TokenMask
 from ember_core.sampling_params import SamplingParams
-from ember_core.structured_outputs import TokenMask
 from ember_proto import TokenLogprob
 
 _MASK64 = (1 << 64) - 1

@@ -8,7 +8,7 @@ The body's minimum rate is read in intake.py, which reads the body.
 aiohttp has one timer for all of this: its keep-alive deadline, which closes a connection that is
 waiting for a request's headers (never one whose request is being handled, so streams are never
 cut). EdgeRequestHandler moves that deadline: the idle limit after a response, the header limit
-from a request's first byte. It relies on RequestHandler internals of aiohttp 3.10-3.14
+from a request's first byte. It relies on RequestHandler internals of aiohttp 3.11-3.14
 (tests/gateway/test_http_edge.py exercises each behaviour).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -85,6 +86,17 @@ class EdgeRequestHandler(RequestHandler):
             self.half_closed.set()
             return True  # keep the write side open
         return False
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        """What aiohttp answers itself (a request it cannot parse: a bad request line, oversized
+        headers) as an OpenAI error, logged in one line rather than with a traceback."""
+        if status >= 500 or request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        reason = message or (str(exc) if exc else "") or HTTPStatus(status).phrase
+        self.logger.info("refused a malformed request from %s: %s", request.remote, reason)
+        return ApiError(status, f"malformed HTTP request: {reason}", close_connection=True).response()
 
     def _idle(self) -> bool:
         """Waiting for a request's headers: no request parsed and none being handled."""

@@ -1,5 +1,5 @@
 """The layers import downwards only: the library no service, the wire protocol and the gateway no
-torch, and no module imports one that imports it back (checked on the source, lazy imports included)."""
+torch (nor the gateway numpy or any model library), and no module imports one that imports it back (checked on the source, lazy imports included)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ SERVICES = {"ember_engine", "ember_gateway", "ember_bench", "ember_cli"}
 FORBIDDEN = {
     "ember_core": SERVICES,
     "ember_proto": {"torch", "ember_core", *SERVICES},
-    "ember_gateway": {"torch", *SERVICES - {"ember_gateway"}},
+    # the gateway's image installs deploy/gateway-requirements.txt only
+    "ember_gateway": {"torch", "numpy", "safetensors", "gguf", "huggingface_hub", *SERVICES - {"ember_gateway"}},
     "ember_engine": SERVICES - {"ember_engine"},
     "ember_bench": SERVICES - {"ember_bench"},
 }

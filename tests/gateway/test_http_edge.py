@@ -172,3 +172,18 @@ async def test_a_client_that_closes_before_any_output_is_aborted_at_once(fake_en
     writer.close()  # a close looks like a half-close until the server writes: then it is a reset
     request_id = fake_engine.received[-1].request_id
     await wait_until_async(lambda: request_id in fake_engine.aborted, 2.0, "the Abort after the close")
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"GARBAGE\r\n\r\n", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n",
+     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n"],
+    ids=["request line", "header too long", "bad content length"],
+)
+async def test_a_request_aiohttp_cannot_parse_gets_an_openai_error(fake_engine: FakeEngine, start_gateway: StartGateway,
+                                                                    request_bytes: bytes):
+    gateway = await start_gateway(fake_engine, **LIMITS)
+    reader, writer = await connect(gateway.url)
+    writer.write(request_bytes)
+    status, body = status_and_body(await closed_within(reader, 3.0))
+    assert 400 <= status < 500 and "malformed HTTP request" in assert_openai_error(status, json.loads(body), status)["message"]
