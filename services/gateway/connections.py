@@ -81,7 +81,8 @@ class EdgeRequestHandler(RequestHandler):
     def eof_received(self) -> bool:
         """A client that half-closes (shutdown(SHUT_WR)) after a complete request gets its answer,
         then the connection closes; one that closes while idle or mid-request is gone."""
-        if self._waiter is None or self._messages:  # a request is parsed (and maybe handled)
+        # a request is parsed, waiting or being handled (no waiter: start() is past waiting for one)
+        if self._messages or (self._waiter is None and self._request_count > 0):
             self.close()  # after this response
             self.half_closed.set()
             return True  # keep the write side open

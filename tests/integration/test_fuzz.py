@@ -3,7 +3,7 @@
 Checked: no 5xx, every 4xx an OpenAI error body, every response (and stream event) as the document
 describes it, and a greedy request answering the same before and after.
 
-Bounded to about two minutes on 2 cores: few examples, and every generation is kept short (the
+Bounded to about a minute on 2 cores: 240 examples in all, and every generation is kept short (the
 document's max_tokens and n lowered here, larger generated values clamped). The seed is fixed;
 EMBER_FUZZ_SEED picks another, and a failure prints the one it ran with (`make fuzz`)."""
 
@@ -38,7 +38,7 @@ SEED = int(os.environ.get("EMBER_FUZZ_SEED", "20250601"))
 MODEL = "smol"
 VOCAB_SIZE = 49152  # SmolLM2's
 POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
-EXAMPLES = {"/v1/completions": 60, "/v1/chat/completions": 60, "/tokenize": 40, "/detokenize": 40}  # per mode
+EXAMPLES = {"/v1/completions": 40, "/v1/chat/completions": 40, "/tokenize": 20, "/detokenize": 20}  # per mode
 # Generated values above these are clamped, so every request generates a few tokens at most.
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "min_tokens": 4, "n": 2}
 GREEDY = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0,
