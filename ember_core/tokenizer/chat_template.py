@@ -8,7 +8,12 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# The names a message's reasoning comes under; templates read it as reasoning_content (Qwen3) or
+# thinking (gpt-oss).
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 
 def render_chat(
@@ -21,20 +26,28 @@ def render_chat(
 ) -> str:
     """The prompt text for messages. A broken template, or one that rejects the messages, raises
     ValueError with the template's message."""
-    # Like transformers: keys set to None (OpenAI's content=None) are dropped, and tools /
-    # documents are defined (as None) unless given.
-    cleaned = [{key: value for key, value in message.items() if value is not None} for message in messages]
-    context = {"tools": None, "documents": None, **extra}
+    context = {"tools": None, "documents": None, **extra}  # defined, as None, unless given
     try:
         return _compile(template).render(
-            messages=cleaned,
+            messages=[_template_message(message) for message in messages],
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
             **context,
         )
-    except (jinja2.TemplateError, TypeError) as error:
+    # A template is a program: whatever it raises means it cannot render these messages.
+    except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError) as error:
         raise ValueError(f"chat template error: {error}") from error
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as transformers hands it to a template: keys set to None (OpenAI's content=None)
+    dropped, and its reasoning under every name templates read it by."""
+    kept = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((kept[key] for key in _REASONING_KEYS if key in kept), None)
+    if reasoning is None:
+        return kept
+    return {"thinking": reasoning, **kept, "reasoning_content": reasoning}
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -47,6 +60,26 @@ class _GenerationTag(jinja2.ext.Extension):
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """namespace() without underscore names, which could reach Python's internals (as transformers)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        self, attributes = args[0], dict(*args[1:], **kwargs)
+        for name in attributes:
+            _check_namespace_name(name)
+        jinja2.utils.Namespace.__init__(self, attributes)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _check_namespace_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+
+def _check_namespace_name(name: Any) -> None:
+    # A function, not a method: Namespace answers every attribute lookup on itself from its contents.
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(f"a namespace cannot hold an underscore name: {name!r}")
 
 
 def _raise_exception(message: str) -> None:
@@ -73,6 +106,7 @@ def _compile(template: str) -> jinja2.Template:
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = _strftime_now
+        environment.globals["namespace"] = _Namespace
         return environment.from_string(template)
     except jinja2.TemplateError as error:
         raise ValueError(f"chat template error: {error}") from error

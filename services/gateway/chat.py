@@ -16,7 +16,7 @@ from ember_gateway.intake import accept
 from ember_gateway.plans import build_choices
 from ember_gateway.respond import respond
 from ember_gateway.schemas import ChatCompletionRequest, ChatMessage, RefusalPart, TextPart, TokenizeRequest
-from ember_gateway.tools import ToolPlan, describe, tool_plan
+from ember_gateway.tools import ToolPlan, tool_plan, with_tool_description
 from ember_gateway.tools import constraint as tool_constraint
 
 
@@ -54,7 +54,8 @@ def render_prompt(
     body: ChatCompletionRequest | TokenizeRequest, model: ServedModel, tools: ToolPlan | None = None
 ) -> list[int]:
     """The token ids of the messages as the chat template renders them for this model, with the
-    tools offered: given to a template that renders them, else described in a system message."""
+    tools offered: given to a template that renders them, else described in a system message (in the
+    first user message where the template refuses a system role)."""
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so it cannot chat: use /v1/completions with token ids")
@@ -66,7 +67,7 @@ def render_prompt(
     if tools is not None and template_takes_tools:
         extra["tools"] = tools.tools
     elif tools is not None:
-        messages.insert(0, {"role": "system", "content": describe(tools)})
+        messages = with_tool_description(tools, messages, tokenizer.chat_template)
     if body.continue_final_message:
         if body.add_generation_prompt:
             raise ApiError(

@@ -5,10 +5,13 @@ With `required` or a named function the output is constrained to calls whose arg
 function's `parameters` schema (a JSON array of calls with `parallel_tool_calls`, else one call).
 With `auto` the model's own syntax is parsed, by the parser of its family as its chat template
 shows it: Llama 3.x's templates ask for a JSON object `{"name", "parameters"}` (or an array of
-them) as the whole output; Hermes-style templates (Qwen 2.5, Hermes, SmolLM3) for
-`<tool_call>{"name", "arguments"}</tool_call>` blocks. A chat template that renders `tools` gets
-them; for one that does not (SmolLM2-135M's), the tools are described in a system message that asks
-for the Hermes blocks.
+them) as the whole output; Hermes-style templates (Qwen 2.5, Qwen3, Hermes, SmolLM3) for
+`<tool_call>{"name", "arguments"}</tool_call>` blocks; Mistral's for `[TOOL_CALLS]` and the calls
+after it, a JSON array (`[TOOL_CALLS] [{"name", "arguments"}, ...]`, v0.3) or `name[ARGS]{...}`
+per call (`[TOOL_CALLS]a[ARGS]{...}[TOOL_CALLS]b[ARGS]{...}`, newer tokenizers). A chat template
+that renders `tools` gets them; for one that does not (SmolLM2's, Gemma's, Phi's, OLMo's), the tools
+are described in a system message that asks for the Hermes blocks, or in the first user message
+where the template refuses a system message (Gemma 2).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal
 
+from ember_core.tokenizer.chat_template import render_chat
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import ChatCompletionRequest
 from ember_proto import StructuredOutputs
@@ -26,8 +31,9 @@ from ember_proto import StructuredOutputs
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(rf"{_HERMES_OPEN}\s*(.*?)\s*{_HERMES_CLOSE}", re.DOTALL)
 _LLAMA_PYTHON_TAG = "<|python_tag|>"
+_MISTRAL_CALLS, _MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
 
-ToolSyntax = Literal["hermes", "llama3_json"]
+ToolSyntax = Literal["hermes", "llama3_json", "mistral"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class ToolPlan:
 
 def tool_syntax(chat_template: str | None) -> ToolSyntax:
     """The model family's call syntax, read from its chat template."""
+    if chat_template and _MISTRAL_CALLS in chat_template:
+        return "mistral"
     renders_tools = bool(chat_template) and "tools" in chat_template and _HERMES_OPEN not in chat_template
     if renders_tools and (_LLAMA_PYTHON_TAG in chat_template or '"parameters"' in chat_template):
         return "llama3_json"
@@ -97,7 +105,7 @@ def constraint(plan: ToolPlan) -> StructuredOutputs | None:
 
 
 def describe(plan: ToolPlan) -> str:
-    """The system message that offers the tools to a model whose chat template does not render them."""
+    """The text that offers the tools to a model whose chat template does not render them."""
     lines = [
         "You can call these tools (JSON schemas of their arguments):",
         *(json.dumps(function) for function in plan.functions()),
@@ -109,10 +117,38 @@ def describe(plan: ToolPlan) -> str:
     return "\n".join(lines)
 
 
+def with_tool_description(
+    plan: ToolPlan, messages: list[dict[str, Any]], chat_template: str
+) -> list[dict[str, Any]]:
+    """The messages with the tools described (describe()) for a template that does not render them:
+    in the system message, or at the head of the first user message when the template refuses a
+    system message (Gemma 2's raises) or leaves it out."""
+    description = describe(plan)
+    first_user = next((index for index, message in enumerate(messages) if message["role"] == "user"), None)
+    if first_user is not None and not _renders_system_message(chat_template):
+        message = messages[first_user]
+        described = {**message, "content": f"{description}\n\n{message['content']}"}
+        return [*messages[:first_user], described, *messages[first_user + 1 :]]
+    if messages and messages[0]["role"] == "system":  # joined: Gemma 3's template takes one system message
+        system = messages[0]
+        return [{**system, "content": "\n\n".join(filter(None, [system["content"], description]))}, *messages[1:]]
+    return [{"role": "system", "content": description}, *messages]
+
+
+@lru_cache(maxsize=16)
+def _renders_system_message(chat_template: str) -> bool:
+    probe = "ember: does the system message reach the prompt?"
+    try:
+        prompt = render_chat(chat_template, [{"role": "system", "content": probe}, {"role": "user", "content": "Hi"}])
+    except ValueError:
+        return False
+    return probe in prompt
+
+
 def parse_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of an output; no calls (a forced call cut short too): the text is the content."""
     content, calls = _read_calls(plan, text)
-    return content, [_openai_call(call) for call in calls[: None if plan.parallel else 1]]
+    return content, [_openai_call(call, plan.syntax) for call in calls[: None if plan.parallel else 1]]
 
 
 def _read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -121,6 +157,9 @@ def _read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, A
         content, calls = "", _calls(_json(text))
     elif plan.syntax == "llama3_json":  # the whole output is the call or an array of calls
         content, calls = "", _calls(_json(text.strip().removeprefix(_LLAMA_PYTHON_TAG)))
+    elif plan.syntax == "mistral":  # content, then calls from the first [TOOL_CALLS] to the end
+        content, marker, rest = text.partition(_MISTRAL_CALLS)
+        content, calls = content.strip(), (_mistral_calls(rest) if marker else [])
     else:
         blocks = _HERMES_CALL.findall(text)
         content, calls = _HERMES_CALL.sub("", text).strip(), [call for block in blocks for call in _calls(_json(block))]
@@ -132,13 +171,14 @@ def _read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict[str, A
 class CallStream:
     """One streamed choice's output with tools: its content as it comes, held back only where it
     may begin a call, and each call (an OpenAI stream entry, with its index) once it is complete.
-    A forced call (required / named) and Llama 3.x's JSON are the whole output: they come at the end."""
+    A forced call (required / named), Llama 3.x's JSON and Mistral's calls run to the end of the
+    output: they come at the end."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self._plan = plan
         self._text = ""
         self._done = 0  # characters of _text sent as content or read as calls
-        self._whole = plan.constrained  # the output is read once it is complete
+        self._whole = plan.constrained  # the output from _done on is read once it is complete
         self._plain = False  # a Llama 3.x output that began as text: all content
         self.num_calls = 0
 
@@ -148,6 +188,8 @@ class CallStream:
             return "", []
         if self._plan.syntax == "hermes":
             return self._hermes()
+        if self._plan.syntax == "mistral":
+            return self._mistral()
         if not self._plain:
             start = self._text.lstrip()
             if start[:1] in ("{", "[") or start.startswith(_LLAMA_PYTHON_TAG):
@@ -161,7 +203,7 @@ class CallStream:
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """What is left once the output is complete: a call cut short is content."""
         if self._whole:
-            content, calls = _read_calls(self._plan, self._text)
+            content, calls = _read_calls(self._plan, self._text[self._done :])
             return content or "", self._entries(calls)
         return self._content(len(self._text))
 
@@ -186,6 +228,13 @@ class CallStream:
             else:  # not a call after all
                 content += f"{_HERMES_OPEN}{block}{_HERMES_CLOSE}"
 
+    def _mistral(self) -> tuple[str, list[dict[str, Any]]]:
+        start = self._text.find(_MISTRAL_CALLS, self._done)
+        if start < 0:
+            return self._content(len(self._text) - _partial_suffix(self._text[self._done :], _MISTRAL_CALLS))
+        self._whole = True
+        return self._content(start)
+
     def _content(self, end: int) -> tuple[str, list[dict[str, Any]]]:
         content, self._done = self._text[self._done : end], max(self._done, end)
         return content, []
@@ -193,7 +242,8 @@ class CallStream:
     def _entries(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not self._plan.parallel:
             calls = calls[: max(0, 1 - self.num_calls)]
-        entries = [{"index": self.num_calls + i, **_openai_call(call)} for i, call in enumerate(calls)]
+        syntax = self._plan.syntax
+        entries = [{"index": self.num_calls + i, **_openai_call(call, syntax)} for i, call in enumerate(calls)]
         self.num_calls += len(entries)
         return entries
 
@@ -224,9 +274,22 @@ def _calls(value: Any) -> list[dict[str, Any]]:
     return calls
 
 
-def _openai_call(call: dict[str, Any]) -> dict[str, Any]:
+def _mistral_calls(text: str) -> list[dict[str, Any]]:
+    """The calls after Mistral's first [TOOL_CALLS]: a JSON array (or object) of them, or
+    name[ARGS]{...} each, the later ones after a [TOOL_CALLS] of their own."""
+    if text.lstrip()[:1] in ("[", "{"):
+        return _calls(_json(text))
+    named = [piece.partition(_MISTRAL_ARGS) for piece in text.split(_MISTRAL_CALLS)]
+    if not all(marker for _, marker, _ in named):
+        return []
+    return _calls([{"name": name.strip(), "arguments": _json(arguments)} for name, _, arguments in named])
+
+
+def _openai_call(call: dict[str, Any], syntax: ToolSyntax) -> dict[str, Any]:
+    # Mistral's templates take back only ids of 9 letters and digits.
+    call_id = uuid.uuid4().hex[:9] if syntax == "mistral" else f"call_{uuid.uuid4().hex[:24]}"
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": call_id,
         "type": "function",
         "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
     }
