@@ -110,8 +110,13 @@ class ConstraintCompiler:
 
     def _llguidance_tokenizer(self) -> llguidance.LLTokenizer:
         if self._lltokenizer is None:
-            view = _TokenizerView(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            self._lltokenizer = llguidance.LLTokenizer(
-                llguidance.TokenizerWrapper(view), n_vocab=self.vocab_size, eos_token=self.eos_token_ids
+            tokenizer_json = self.tokenizer.spec.tokenizer_json
+            # llguidance runs a SentencePiece-style tokenizer.json itself: it knows the "▁" put in
+            # front of a text, which an encoder handed to it through TokenizerWrapper would add.
+            source = (
+                llguidance.TokenizerWrapper(_TokenizerView(self.tokenizer, self.vocab_size, self.eos_token_ids))
+                if tokenizer_json is None
+                else tokenizer_json
             )
+            self._lltokenizer = llguidance.LLTokenizer(source, n_vocab=self.vocab_size, eos_token=self.eos_token_ids)
         return self._lltokenizer

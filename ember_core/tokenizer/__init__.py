@@ -1,4 +1,5 @@
-"""Byte-level BPE tokenization for ember: no torch, no transformers, so gateways can import it."""
+"""Tokenization for ember: byte-level BPE on tiktoken, SentencePiece-style vocabularies on HF tokenizers;
+no torch, no transformers, so gateways can import it."""
 
 from ember_core.tokenizer.chat_template import render_chat
 from ember_core.tokenizer.detokenizer import IncrementalDetokenizer

@@ -20,7 +20,8 @@ class StopRules:
 class OutputText:
     def __init__(self, tokenizer: Tokenizer | None, rules: StopRules = StopRules()) -> None:
         self._tokenizer = tokenizer
-        self._detokenizer = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        # An output continues its prompt: a SentencePiece-style leading space is text here.
+        self._detokenizer = IncrementalDetokenizer(tokenizer, at_text_start=False) if tokenizer is not None else None
         self._rules = rules
         self._stops = StopStringMatcher(rules.strings, rules.include_in_output)
         self._num_tokens = 0

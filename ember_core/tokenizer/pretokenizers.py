@@ -25,27 +25,47 @@ LLAMA3 = (
     + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2 = _CONTRACTIONS_ANY_CASE + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN35 = (
+    _CONTRACTIONS_ANY_CASE
+    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tiktoken's o200k and Mistral's tekken patterns split words at case changes; llama.cpp writes
+# "upper" as a letter that is not a-z and "lower" as a letter that is not A-Z.
+_UPPER, _LOWER = r"(?:(?=\p{L})[^a-z])", r"(?:(?=\p{L})[^A-Z])"
+GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+(?:{_CONTRACTIONS_ANY_CASE})?"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*(?:{_CONTRACTIONS_ANY_CASE})?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TEKKEN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
-# tokenizer.ggml.pre values -> the regexes llama.cpp's llama-vocab.cpp runs for them.
+
+def _named(pattern: str, *names: str) -> dict[str, str]:
+    return dict.fromkeys(names, pattern)
+
+
+# tokenizer.ggml.pre values -> the regexes llama.cpp's llama-vocab.cpp runs for them, grouped as
+# there. OLMo 2 and Phi-4 GGUFs say "dbrx"; Qwen2, 2.5 and 3 "qwen2"; Llama 3.x "llama-bpe".
 GGUF_PRE_PATTERNS: dict[str, str] = {
-    "gpt-2": GPT2,
-    "phi-2": GPT2,
-    "mpt": GPT2,
-    "olmo": GPT2,
-    "smollm": GPT2_SINGLE_DIGITS,
-    "starcoder": GPT2_SINGLE_DIGITS,
-    "refact": GPT2_SINGLE_DIGITS,
-    "codeshell": GPT2_SINGLE_DIGITS,
-    "command-r": GPT2_SINGLE_DIGITS,
-    "llama3": LLAMA3,
-    "llama-v3": LLAMA3,
-    "llama-bpe": LLAMA3,
-    "qwen2": QWEN2,
-    "deepseek-r1-qwen": QWEN2,
+    **_named(GPT2, "gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "a.x-4.0", "mellum", "exaone4", "trillion",
+             "granite-docling"),
+    **_named(GPT2_SINGLE_DIGITS, "smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva-7b",
+             "mellum2"),
+    **_named(LLAMA3, "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+             "jina-v5-nano", "dbrx", "smaug-bpe"),
+    **_named(QWEN2, "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"),
+    **_named(QWEN35, "qwen35"),
+    **_named(GPT4O, "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"),
+    **_named(TEKKEN, "tekken"),
 }
 
-# llama.cpp prepends BOS for the Llama 3 family when the GGUF does not say.
-GGUF_PRE_ADDS_BOS = frozenset({"llama3", "llama-v3", "llama-bpe"})
+# llama.cpp prepends BOS for these when the GGUF does not say.
+GGUF_PRE_ADDS_BOS = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken"}
+)
 
 SUPPORTED_HF_PRE_TOKENIZERS = (
     "ByteLevel(use_regex=true)",

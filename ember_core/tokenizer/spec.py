@@ -4,13 +4,13 @@ import msgspec
 
 
 class TokenizerSpec(msgspec.Struct, frozen=True, omit_defaults=True):
-    # tiktoken's split regex: the model's pre-tokenizer written as one pattern.
-    pattern: str
+    # tiktoken's split regex: the model's pre-tokenizer written as one pattern (byte-level BPE).
+    pattern: str = ""
     # Byte-level BPE as tiktoken runs it: a lower rank merges first. Ranks are token ids unless
     # rank_to_id is set.
-    mergeable_ranks: dict[bytes, int]
+    mergeable_ranks: dict[bytes, int] = {}
     # Control tokens: recognised in text only on request, dropped by skip_special_tokens.
-    special_tokens: dict[str, int]
+    special_tokens: dict[str, int] = {}
     # User-defined added tokens: always recognised in text, always decoded.
     added_tokens: dict[str, int] = {}
     # rank_to_id[rank] is the token id when the vocabulary's ids do not follow the merge order.
@@ -24,3 +24,6 @@ class TokenizerSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     chat_template: str | None = None
     # Whether the model expects BOS in front of a prompt.
     add_bos_token: bool = False
+    # A SentencePiece-style tokenizer (metaspace, byte fallback), run by HF tokenizers: its
+    # tokenizer.json. When set, pattern, mergeable_ranks, rank_to_id and decode_only_tokens are unused.
+    tokenizer_json: str | None = None

@@ -1,51 +1,39 @@
-"""Byte-level BPE tokenizer on tiktoken, rebuilt from a TokenizerSpec."""
+"""The tokenizer the engine and the gateways use, rebuilt from a TokenizerSpec: byte-level BPE on
+tiktoken, or a SentencePiece-style tokenizer.json on HF tokenizers."""
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import regex
-import tiktoken
+from typing import Any, Protocol
 
 from ember_core.tokenizer.chat_template import render_chat
+from ember_core.tokenizer.sentencepiece_style import SentencePieceStyle
 from ember_core.tokenizer.spec import TokenizerSpec
+from ember_core.tokenizer.tiktoken_bpe import TiktokenBpe
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _Backend(Protocol):
+    # token_bytes[id]: the bytes of a token in the middle of the text; None where no token has the id.
+    token_bytes: list[bytes | None]
+    # Decoding drops up to this many spaces at the start of the text (SentencePiece's dummy prefix).
+    spaces_stripped_at_start: int
+
+    def encode(self, text: str, allow_special: bool) -> list[int]: ...
 
 
 class Tokenizer:
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
-        matched_tokens = {**spec.special_tokens, **spec.added_tokens}
-        if spec.rank_to_id is None:
-            tiktoken_specials = matched_tokens
-            self._rank_to_id: list[int] | None = None
-        else:
-            # tiktoken hands out special tokens from the same number space as ranks.
-            first = len(spec.rank_to_id)
-            tiktoken_specials = {text: first + index for index, text in enumerate(matched_tokens)}
-            self._rank_to_id = [*spec.rank_to_id, *matched_tokens.values()]
-        self._encoding = tiktoken.Encoding(
-            name="ember", pat_str=spec.pattern, mergeable_ranks=spec.mergeable_ranks, special_tokens=tiktoken_specials
+        self._backend: _Backend = (
+            TiktokenBpe(spec) if spec.tokenizer_json is None else SentencePieceStyle(spec.tokenizer_json)
         )
-        self._tiktoken_specials = tiktoken_specials
-        self._always_matched = frozenset(spec.added_tokens)
-        self._all_matched = frozenset(matched_tokens)
-
-        rank_to_id = spec.rank_to_id
-        bytes_by_id = {
-            (rank if rank_to_id is None else rank_to_id[rank]): data for data, rank in spec.mergeable_ranks.items()
-        }
-        bytes_by_id.update(spec.decode_only_tokens)
-        bytes_by_id.update((token_id, text.encode()) for text, token_id in matched_tokens.items())
-        self.vocab_size = max(bytes_by_id) + 1
-        self._bytes_by_id: list[bytes | None] = [bytes_by_id.get(token_id) for token_id in range(self.vocab_size)]
+        self._bytes_by_id = self._backend.token_bytes
+        self.vocab_size = len(self._bytes_by_id)
         self._bytes_by_id_without_special = list(self._bytes_by_id)
         for token_id in spec.special_tokens.values():
             self._bytes_by_id_without_special[token_id] = b""
-
-        self._missing_bytes = bytes(byte for byte in range(256) if bytes([byte]) not in spec.mergeable_ranks)
-        if self._missing_bytes:
-            self._has_missing_byte = re.compile(b"[" + re.escape(self._missing_bytes) + b"]").search
-            self._pieces = regex.compile(spec.pattern).findall
+        self.spaces_stripped_at_start = self._backend.spaces_stripped_at_start
         self.stop_token_ids = frozenset(spec.stop_token_ids)
 
     @classmethod
@@ -79,36 +67,14 @@ class Tokenizer:
     def encode(self, text: str, allow_special: bool = False) -> list[int]:
         """Token ids of text. Control tokens written in text count only when allow_special is set;
         otherwise they are encoded as the plain text they are."""
-        allowed = self._all_matched if allow_special else self._always_matched
-        if self._missing_bytes and self._has_missing_byte(text.encode("utf-8", "surrogatepass")):
-            # Lone surrogates become U+FFFD, as tiktoken does on the other path.
+        if _LONE_SURROGATE.search(text):
+            # Lone surrogates become U+FFFD, as tiktoken does.
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            ranks = self._encode_without_missing_bytes(text, allowed)
-        else:
-            ranks = self._encoding.encode(text, allowed_special=allowed, disallowed_special=())
-        if self._rank_to_id is None:
-            return ranks
-        rank_to_id = self._rank_to_id
-        return [rank_to_id[rank] for rank in ranks]
-
-    def _encode_without_missing_bytes(self, text: str, allowed: frozenset[str]) -> list[int]:
-        # Some vocabularies have no token for a few bytes. HF tokenizers' BPE (the reference these
-        # vocabularies come from, with no unk token) drops such characters after pre-tokenization
-        # and merges their neighbours as if they were adjacent; tiktoken would panic on them. So
-        # this rare path pre-tokenizes here, drops those bytes per piece and lets tiktoken merge
-        # what is left (tiktoken's piece encoder takes bytes, which need not be valid UTF-8 here).
-        ranks: list[int] = []
-        for segment in _split_on(text, allowed):
-            if segment in allowed:
-                ranks.append(self._tiktoken_specials[segment])
-                continue
-            for piece in self._pieces(segment):
-                kept = piece.encode().translate(None, self._missing_bytes)
-                if kept:
-                    ranks.extend(self._encoding._encode_single_piece(kept))
-        return ranks
+        return self._backend.encode(text, allow_special)
 
     def decode_bytes(self, ids: Sequence[int], skip_special_tokens: bool = False) -> bytes:
+        """The bytes of the tokens as they stand in the middle of a text: with the space a
+        SentencePiece token's "▁" stands for even at the start (decode() drops it there)."""
         table = self._bytes_by_id_without_special if skip_special_tokens else self._bytes_by_id
         try:
             if ids and min(ids) < 0:
@@ -118,7 +84,11 @@ class Tokenizer:
             raise ValueError(self._describe_bad_ids(ids)) from None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.decode_bytes(ids, skip_special_tokens).decode("utf-8", errors="replace")
+        """HF tokenizers' decode, but for bytes that spell no character: one U+FFFD per invalid
+        sequence, where HF's ByteFallback writes one per byte token of such a run, including the
+        characters before it, which a stream has already sent."""
+        data = self.decode_bytes(ids, skip_special_tokens)
+        return strip_spaces_at_start(data, self.spaces_stripped_at_start).decode("utf-8", errors="replace")
 
     def _describe_bad_ids(self, ids: Iterable[int]) -> str:
         bad = next(id_ for id_ in ids if not 0 <= id_ < self.vocab_size or self._bytes_by_id[id_] is None)
@@ -157,9 +127,7 @@ class Tokenizer:
         return self.decode([token_id])
 
 
-def _split_on(text: str, tokens: frozenset[str]) -> list[str]:
-    """text cut around every occurrence of tokens (longest first); the tokens stay as segments."""
-    if not tokens:
-        return [text]
-    alternatives = "|".join(re.escape(token) for token in sorted(tokens, key=len, reverse=True))
-    return [segment for segment in re.split(f"({alternatives})", text) if segment]
+def strip_spaces_at_start(data: bytes, count: int) -> bytes:
+    """data less up to count spaces at its start."""
+    head = data[:count]
+    return data[len(head) - len(head.lstrip(b" ")) :]

@@ -6,7 +6,9 @@ from ember_core.tokenizer.byte_level import token_bytes
 from ember_core.tokenizer.spec import TokenizerSpec
 
 # Special tokens that end a turn in the chat formats we know; generation stops at them.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "<|end_of_text|>")
+END_OF_TURN_TOKENS = (
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "<|end_of_text|>", "<end_of_turn>"
+)
 
 
 def build_spec(
@@ -53,9 +55,6 @@ def build_spec(
         rank_to_id = single_byte_ids + merged_ids
         mergeable_ranks = {bytes_by_id[token_id]: rank for rank, token_id in enumerate(rank_to_id)}
 
-    stop_ids = {*extra_stop_ids, *(special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens)}
-    if eos_token_id is not None:
-        stop_ids.add(eos_token_id)
     return TokenizerSpec(
         pattern=pattern,
         mergeable_ranks=mergeable_ranks,
@@ -65,10 +64,20 @@ def build_spec(
         decode_only_tokens=decode_only,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
-        stop_token_ids=sorted(stop_ids),
+        stop_token_ids=stop_token_ids(special_tokens, eos_token_id, extra_stop_ids),
         chat_template=chat_template,
         add_bos_token=add_bos_token,
     )
+
+
+def stop_token_ids(
+    special_tokens: dict[str, int], eos_token_id: int | None, extra_stop_ids: Iterable[int]
+) -> list[int]:
+    """EOS, the given ids, and the special tokens that end a turn in the chat formats we know."""
+    stop_ids = {*extra_stop_ids, *(special_tokens[name] for name in END_OF_TURN_TOKENS if name in special_tokens)}
+    if eos_token_id is not None:
+        stop_ids.add(eos_token_id)
+    return sorted(stop_ids)
 
 
 def _merged_ids_in_order(

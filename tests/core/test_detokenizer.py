@@ -1,11 +1,14 @@
 """Streaming deltas never break a UTF-8 character and add up to the one-shot decode (less a character
-cut off at the end)."""
+cut off at the end), for byte-level and SentencePiece-style vocabularies."""
 
 import random
 
 import pytest
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HfTokenizer
 
 from ember_core.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerSpec
+from ember_core.tokenizer.sentencepiece_style import sentencepiece_spec
 
 MULTIBYTE_TEXT = "日本語のテキスト😀🎉👍🏽👨‍👩‍👧éñüПривет"
 
@@ -102,3 +105,63 @@ def test_skipped_special_tokens_do_not_cut_a_character() -> None:
     ids = [TOKENS.index(first), SPECIAL_IDS["<|endoftext|>"], TOKENS.index(rest)]
     detokenizer = IncrementalDetokenizer(TOKENIZER, skip_special_tokens=True)
     assert "".join(detokenizer.push([token_id]) for token_id in ids) == "日"
+
+
+# --- SentencePiece style: "▁" for spaces, "<0xAB>" byte tokens, the leading space decode() drops ---
+
+
+def sentencepiece_pair() -> tuple[Tokenizer, HfTokenizer]:
+    """(ember's tokenizer, HF tokenizers' reference) of a small Llama-style vocabulary: every byte as
+    a <0xAB> token, a few pieces, a Metaspace pre-tokenizer and Llama's decoder."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{byte:02X}>": 3 + byte for byte in range(256)}}
+    for piece in ["▁", "a", "b", "▁a", "▁b", "ab", "▁ab", "日", "▁▁"]:
+        vocab[piece] = len(vocab)
+    merges = [("▁", "a"), ("▁", "b"), ("a", "b"), ("▁a", "b"), ("▁", "▁")]
+    reference = HfTokenizer(models.BPE(vocab, merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    reference.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    reference.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
+    )
+    specials = ["<unk>", "<s>", "</s>"]
+    reference.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in specials])
+    return Tokenizer(sentencepiece_spec(reference, bos_token_id=1, eos_token_id=2)), reference
+
+
+SP_TOKENIZER, SP_REFERENCE = sentencepiece_pair()
+SP_TEXT = " ab  b a😀日本 b\n"
+
+
+def sp_stream(ids: list[int], skip_special_tokens: bool) -> str:
+    detokenizer = IncrementalDetokenizer(SP_TOKENIZER, skip_special_tokens=skip_special_tokens)
+    return "".join(detokenizer.push([token_id]) for token_id in ids)
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_sentencepiece_deltas_drop_the_leading_space_once(skip_special_tokens: bool) -> None:
+    for text in [SP_TEXT, "ab", "  b", "😀 a", "<s>ab</s> b", "</s>"]:
+        ids = SP_TOKENIZER.encode(text, allow_special=True)
+        for with_bos in (ids, [1, *ids], [1, 2, *ids]):
+            expected = SP_REFERENCE.decode(with_bos, skip_special_tokens=skip_special_tokens)
+            assert SP_TOKENIZER.decode(with_bos, skip_special_tokens) == expected
+            assert sp_stream(with_bos, skip_special_tokens) == expected
+
+
+def test_sentencepiece_character_over_byte_tokens_is_held_back() -> None:
+    ids = SP_TOKENIZER.encode("😀")
+    assert SP_TOKENIZER.decode_bytes(ids[:1]) == b" "  # the "▁" put in front, dropped at the start
+    detokenizer = IncrementalDetokenizer(SP_TOKENIZER)
+    assert [detokenizer.push([token_id]) for token_id in ids] == ["", "", "", "", "😀"]
+    assert detokenizer.push(SP_TOKENIZER.encode("b")) == " b"
+
+
+def test_sentencepiece_deltas_add_up_to_the_full_decode() -> None:
+    """Random ids, byte tokens that spell no character among them: the stream is decode() (which
+    gives Python's U+FFFD per invalid byte sequence, where HF tokenizers gives one per byte token of
+    the run: the stream cannot take back a character it sent)."""
+    rng = random.Random(0)
+    for _ in range(500):
+        ids = rng.choices(range(SP_TOKENIZER.vocab_size), k=rng.randint(0, 10))
+        for skip_special_tokens in (True, False):
+            full = SP_TOKENIZER.decode(ids, skip_special_tokens)
+            assert full[: len(emitted := sp_stream(ids, skip_special_tokens))] == emitted
+            assert full[len(emitted) :] in ("", "\ufffd")

@@ -1,5 +1,5 @@
 """The SmolLM2 GGUF's tokenizer metadata: special ids, special-token handling, spec transport,
-and clear errors for what is not supported."""
+and clear errors for what is not supported. SentencePiece GGUFs: test_tokenizer_sentencepiece_gguf.py."""
 
 from dataclasses import dataclass
 from typing import Any
@@ -105,9 +105,9 @@ def test_unsupported_pre_tokenizer_is_a_clear_error(smollm_reader: Any, pre: str
         tokenizer_from_gguf(with_fields(smollm_reader, tokenizer__ggml__pre=pre))
 
 
-def test_non_byte_level_model_is_a_clear_error(smollm_reader: Any) -> None:
-    with pytest.raises(ValueError, match="tokenizer.ggml.model='llama'.*only 'gpt2'"):
-        tokenizer_from_gguf(with_fields(smollm_reader, tokenizer__ggml__model="llama"))
+def test_unsupported_tokenizer_model_is_a_clear_error(smollm_reader: Any) -> None:
+    with pytest.raises(ValueError, match="tokenizer.ggml.model='t5'; supported: 'gpt2' .*'llama'"):
+        tokenizer_from_gguf(with_fields(smollm_reader, tokenizer__ggml__model="t5"))
 
 
 def test_add_bos_token_default_follows_llama_cpp(smollm_reader: Any) -> None:

@@ -1,5 +1,6 @@
 """Reading HF tokenizer directories: file layouts, special tokens and chat templates from the
-config files, and clear errors for tokenizers that are not GPT-2 style byte-level BPE."""
+config files, and clear errors for tokenizers ember cannot run (SentencePiece-style ones against
+transformers: test_tokenizer_sentencepiece.py)."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import pre_tokenizers
+from tokenizers import models, pre_tokenizers
 
 from ember_core.tokenizer import load_hf_tokenizer
 
@@ -175,3 +176,39 @@ def test_non_special_added_tokens_are_always_matched(tmp_path: Path) -> None:
     assert tokenizer.encode("a<tool>b") == [*tokenizer.encode("a"), tool_id, *tokenizer.encode("b")]
     assert tokenizer.decode([0, tool_id], skip_special_tokens=True) == "<tool>"
     assert HfTokenizer.from_str(json.dumps(data)).encode("a<tool>b").ids == tokenizer.encode("a<tool>b")
+
+
+def sentencepiece_json(decoder: dict[str, Any] | None) -> dict[str, Any]:
+    tokenizer = HfTokenizer(models.BPE({"<unk>": 0, "▁": 1, "a": 2}, [], unk_token="<unk>", byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    return {**json.loads(tokenizer.to_str()), "decoder": decoder}
+
+
+def _replace(pattern: dict[str, str]) -> dict[str, Any]:
+    return {"type": "Replace", "pattern": pattern, "content": " "}
+
+
+def _strip(start: int, stop: int) -> dict[str, Any]:
+    return {"type": "Strip", "content": " ", "start": start, "stop": stop}
+
+
+def _sequence(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "Sequence", "decoders": list(steps)}
+
+
+@pytest.mark.parametrize(
+    ("decoder", "message"),
+    [
+        (None, "without a decoder"),
+        ({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}, "decoder Metaspace;"),
+        (_sequence({"type": "ByteFallback"}, _replace({"String": "▁"})), r"Sequence\[ByteFallback, Replace\]"),
+        (_sequence(_replace({"String": "▁"}), _strip(1, 0)), r"Sequence\[Replace, Strip\]"),
+        (_sequence(_replace({"String": "▁"}), {"type": "Fuse"}, _strip(0, 1)), "only leading spaces"),
+        (_sequence(_replace({"Regex": "▁+"})), "Replace with pattern"),
+    ],
+)
+def test_unsupported_sentencepiece_decoders_are_clear_errors(
+    tmp_path: Path, decoder: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_hf_tokenizer(write(tmp_path, {"tokenizer.json": sentencepiece_json(decoder)}))

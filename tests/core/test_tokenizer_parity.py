@@ -13,72 +13,8 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HfTokenizer
 
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
-from ember_core.tokenizer.pretokenizers import gguf_pre_pattern, hf_pre_pattern
-
-NUM_TEXTS = 2500
-
-FIXED_TEXTS = [
-    "Hello, world! It's a test; we'll see what THEY'VE done, 'S 'll.",
-    "  leading and trailing spaces  ",
-    "tabs\tand\nnewlines\r\n\r\nand\n\n\nblank lines\n",
-    "def square(x):\n    return x ** 2  # comment\n\n\nclass A:\n\tpass\n",
-    "for (int i = 0; i < 10; ++i) { a[i] = i * 3.5f; }",
-    "3.14159 and 2718281828 and 1,000,000 and ٣٤٥ and ½ and １２３ and Ⅻ",
-    "a   1",
-    "x 12  345   6789",
-    "price:   $1234.56!!!   ok",
-    "😀🎉👍🏽 emoji and a family 👨‍👩‍👧 and flags 🇫🇷🇯🇵",
-    "日本語のテキスト、中文文本。한국어 텍스트",
-    "Café déjà vu, naïve façade, Ångström, Øre, Straße, ǅemal",
-    "control \x00\x01\x04\x06\x13\x14\x16\x1d\x1c\x1f\x7f chars",
-    "\u00a0non-breaking\u2003em space\u3000ideographic space\u2028line sep",
-    "Ελληνικά, русский текст, العربية, हिन्दी",
-    "unassigned planes \U00040000\U0007ffff\U00080000\U000bffff end",
-    "<|im_start|>user\nhi<|im_end|> looks special",
-    "",
-    " ",
-    "\n",
-    "'",
-    "'s",
-]
-
-_POOLS = [
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
-    "0123456789",
-    "٠١٢٣٤٥٦٧٨٩１２３½²",
-    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
-    "     \t\n\r\u00a0\u3000",
-    "éèêëñüöäåøßçœÉÑÜ",
-    "".join(map(chr, range(0x4E00, 0x4E40))),
-    "".join(map(chr, range(0x1F600, 0x1F640))) + "\u200d\U0001F3FD\ufe0f",
-    "".join(map(chr, [*range(0x00, 0x20), 0x7F])),
-    "ЖжЯяΩωαβ",
-    "\U00040000\U00050001\U00090002\U000b0003",
-]
-_WORDS = " ".join(FIXED_TEXTS).split() + ["'s", "'re", "'ll", "n't", "<|im_end|>", "<|endoftext|>", "zzzq"]
-
-
-def varied_texts(count: int, seed: int) -> list[str]:
-    """FIXED_TEXTS plus random mixes of words, whitespace runs, digit runs and characters from
-    many scripts, with control characters and bytes some vocabularies lack."""
-    rng = random.Random(seed)
-    texts = list(FIXED_TEXTS)
-    while len(texts) < count:
-        fragments = []
-        for _ in range(rng.randint(1, 12)):
-            kind = rng.random()
-            if kind < 0.35:
-                fragments.append(rng.choice(_WORDS))
-            elif kind < 0.55:
-                fragments.append(rng.choice(" \t\n") * rng.randint(1, 6))
-            elif kind < 0.7:
-                fragments.append("".join(rng.choices("0123456789", k=rng.randint(1, 8))))
-            else:
-                pool = rng.choice(_POOLS)
-                fragments.append("".join(rng.choices(pool, k=rng.randint(1, 6))))
-        texts.append(("" if rng.random() < 0.5 else " ").join(fragments))
-    return texts
-
+from ember_core.tokenizer.pretokenizers import GGUF_PRE_ADDS_BOS, GGUF_PRE_PATTERNS, gguf_pre_pattern, hf_pre_pattern
+from tests.core.tokenizer_texts import NUM_TEXTS, varied_texts
 
 TEXTS = varied_texts(NUM_TEXTS, seed=0)
 
@@ -237,6 +173,34 @@ LLAMA_CPP_STAGES = {
         r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
         r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     ],
+    "qwen35": [
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+        r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+    "gpt-4o": [
+        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+        r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+    "tekken": [
+        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+        r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    ],
+}
+# llama-vocab.cpp's tokenizer.ggml.pre names, by the pre-tokenizer of LLAMA_CPP_STAGES they share.
+LLAMA_CPP_PRE_NAMES = {
+    "gpt-2": ["gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "a.x-4.0", "mellum", "exaone4", "trillion",
+              "granite-docling"],
+    "smollm": ["smollm", "starcoder", "refact", "codeshell", "command-r", "exaone", "minerva-7b", "mellum2"],
+    "llama-bpe": ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                  "jina-v5-nano", "dbrx", "smaug-bpe"],
+    "qwen2": ["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"],
+    "qwen35": ["qwen35"],
+    "gpt-4o": ["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"],
+    "tekken": ["tekken"],
 }
 
 
@@ -300,6 +264,20 @@ def test_gguf_pattern_gives_the_pieces_of_llama_cpp_stages(pre: str) -> None:
     pattern = regex.compile(gguf_pre_pattern(pre))
     for text in TEXTS:
         assert pattern.findall(text) == llama_cpp_pieces(pre, text), text
+
+
+def test_every_gguf_pre_name_has_the_pattern_of_its_llama_cpp_group() -> None:
+    """OLMo 2 and Phi-4 GGUFs say "dbrx", Qwen2 / 2.5 / 3 "qwen2", Llama 3.x "llama-bpe"."""
+    by_name = {name: group for group, names in LLAMA_CPP_PRE_NAMES.items() for name in names}
+    assert set(GGUF_PRE_PATTERNS) == set(by_name)
+    assert {name: gguf_pre_pattern(name) for name in by_name} == {
+        name: gguf_pre_pattern(group) for name, group in by_name.items()
+    }
+    # llama.cpp's LLAMA3 pre-tokenizer type (not dbrx or smaug-bpe, which share its regex) and tekken
+    assert GGUF_PRE_ADDS_BOS == {
+        "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano",
+        "tekken",
+    }
 
 
 def test_gguf_decode_round_trips(smollm: Tokenizer) -> None:
