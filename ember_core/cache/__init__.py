@@ -1,3 +1,3 @@
-from ember_core.cache.block_manager import BlockManager
+from ember_core.cache.block_manager import DROPPED_BLOCK, BlockManager
 
-__all__ = ["BlockManager"]
+__all__ = ["DROPPED_BLOCK", "BlockManager"]

@@ -10,6 +10,13 @@ earlier in the same step completes count as cached too (every step writes its K/
 attention reads), so the n choices of a request, or a burst sharing a system prompt, compute the
 shared prompt once.
 
+Sliding-window layers: the block manager keeps one block table per KV cache group and drops the
+blocks a window group no longer needs as a sequence advances, so every count here (fits, reserve,
+admit) is of the most blocks a sequence holds at once, its prompt computed in chunks of at most
+`max_num_batched_tokens` tokens. A sequence that the whole pool holds only in smaller chunks (a
+window group holds its window plus one chunk) has its prompt chunks capped at that size: a
+preempted sequence comes back longer than it started, and must still run alone.
+
 Static batching admits a batch only when the previous one is done. The batch stays open while
 the token budget is all that stops admission (its prompts then start over several steps) and
 closes once `max_num_seqs` sequences joined it, the queue is empty or the pool is full; a member
@@ -72,6 +79,7 @@ class Scheduler:
         # Insertion-ordered: the first is the oldest, the last the youngest; O(1) removal.
         self.running: dict[int, Sequence] = {}
         self.num_reserved_blocks = 0
+        self._prompt_chunk_caps: dict[int, int] = {}  # seq id -> its prompt chunks' cap, where below the budget
         self.num_preemptions = 0
         # Prompt tokens looked up in the prefix cache at admission, and those found there.
         self.num_prefix_queries = 0
@@ -82,9 +90,9 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def reservation_blocks(self, seq: Sequence) -> int:
-        """Blocks a request may ever need: prompt + max_tokens, capped by the model context."""
+        """The most blocks a request may hold at once: prompt + max_tokens, capped by the model context."""
         max_len = min(seq.num_prompt_tokens + seq.params.max_tokens, self.max_model_len)
-        return self.block_manager.blocks_for_tokens(max_len)
+        return self.block_manager.blocks_for_sequence(max_len, self.max_num_batched_tokens)
 
     def check_fits(self, seq: Sequence) -> None:
         """Reject at submission what could never run, so nothing waits forever."""
@@ -97,7 +105,7 @@ class Scheduler:
                     "lower max_tokens or enlarge the KV cache"
                 )
         else:
-            needed = self.block_manager.blocks_for_tokens(seq.num_prompt_tokens + 1)
+            needed = self.block_manager.blocks_for_sequence(seq.num_prompt_tokens + 1, self.max_num_batched_tokens)
             if needed > pool:
                 raise ValueError(
                     f"prompt of {seq.num_prompt_tokens} tokens needs {needed} KV blocks but the pool has only {pool}"
@@ -116,7 +124,7 @@ class Scheduler:
                 continue
             num_tokens, cost = self._next_chunk(seq, budget)
             if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
-                self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
+                self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens, seq.num_computed_tokens)
                 out.seqs.append(seq)
                 out.num_scheduled_tokens.append(num_tokens)
                 budget -= cost
@@ -132,7 +140,7 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Preempt the youngest running sequences until seq can cover num_tokens; False if seq itself went."""
-        while not self.block_manager.can_grow(seq.seq_id, num_tokens):
+        while not self.block_manager.can_grow(seq.seq_id, num_tokens, seq.num_computed_tokens):
             victim = self.running[next(reversed(self.running))]
             if victim is seq and len(self.running) == 1 and not out.seqs:
                 # Alone and still too big for the whole pool: it can never continue.
@@ -147,7 +155,8 @@ class Scheduler:
 
     def _admit(self, budget: int, out: SchedulerOutput) -> bool:
         """Admit waiting sequences FIFO; True if only the step's token budget stopped it."""
-        completed_in_step: dict[bytes, int] = {}
+        # Per KV cache group: prefix hash -> block.
+        completed_in_step: list[dict[bytes, int]] = [{} for _ in range(self.block_manager.num_groups)]
         if self.prefix_caching and self.waiting:
             for seq, num_tokens in zip(out.seqs, out.num_scheduled_tokens):
                 self._note_completed_blocks(seq, num_tokens, completed_in_step)
@@ -161,7 +170,8 @@ class Scheduler:
                     return False
             cached = self._cached_prefix(seq, completed_in_step)
             # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
-            if not self.block_manager.can_start(seq.num_tokens, cached or []):
+            chunk_cap = self.block_manager.largest_fitting_chunk(seq.num_tokens, self.max_num_batched_tokens) or 1
+            if not self.block_manager.can_start(seq.num_tokens, cached or (), chunk_tokens=chunk_cap):
                 return False
             self.waiting.popleft()
             if self.admission == "reserve":
@@ -169,11 +179,13 @@ class Scheduler:
                 self.num_reserved_blocks += reservation
             if cached is not None:
                 self.block_manager.share(seq.seq_id, cached)
-                seq.num_computed_tokens = len(cached) * self.block_manager.block_size
+                seq.num_computed_tokens = len(cached[0]) * self.block_manager.block_size
                 self.num_prefix_queries += seq.num_tokens
                 self.num_prefix_hits += seq.num_computed_tokens
+            if chunk_cap < self.max_num_batched_tokens:
+                self._prompt_chunk_caps[seq.seq_id] = chunk_cap
             num_tokens, cost = self._next_chunk(seq, budget)
-            self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens)
+            self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens, seq.num_computed_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running[seq.seq_id] = seq
             if self.batching == "static":
@@ -189,15 +201,15 @@ class Scheduler:
             return len(self._static_batch_members) < self.max_num_seqs or seq.seq_id in self._static_batch_members
         return len(self.running) < self.max_num_seqs
 
-    def _note_completed_blocks(self, seq: Sequence, num_tokens: int, completed: dict[bytes, int]) -> None:
-        """Add to `completed` (prefix hash -> block) the hashed full blocks seq completes this step."""
+    def _note_completed_blocks(self, seq: Sequence, num_tokens: int, completed: list[dict[bytes, int]]) -> None:
+        """Add to `completed` (per group: prefix hash -> block) the hashed full blocks seq completes this step."""
         if not self._uses_prefix_cache(seq):
             return
         size = self.block_manager.block_size
         end = min((seq.num_computed_tokens + num_tokens) // size, len(seq.block_hashes))
-        table = self.block_manager.block_table(seq.seq_id)
-        for index in range(seq.num_computed_tokens // size, end):
-            completed.setdefault(seq.block_hashes[index], table[index])
+        for group_completed, table in zip(completed, self.block_manager.block_tables(seq.seq_id)):
+            for index in range(seq.num_computed_tokens // size, end):
+                group_completed.setdefault(seq.block_hashes[index], table[index])
 
     def _next_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
         """(tokens, budget spent) of seq's next chunk. Each token of a prompt chunk costs
@@ -208,25 +220,22 @@ class Scheduler:
         per_token = 1 + self.context_cost * seq.num_computed_tokens
         floor = min(seq.num_uncomputed_tokens, budget, self.min_chunk_tokens)
         num_tokens = max(floor, min(seq.num_uncomputed_tokens, int(budget / per_token)))
+        num_tokens = min(num_tokens, self._prompt_chunk_caps.get(seq.seq_id, num_tokens))
         return num_tokens, min(budget, math.ceil(num_tokens * per_token))
 
     def _uses_prefix_cache(self, seq: Sequence) -> bool:
         # Scoring the prompt needs every prompt row computed.
         return self.prefix_caching and seq.params.prompt_logprobs is None
 
-    def _cached_prefix(self, seq: Sequence, completed_in_step: dict[bytes, int]) -> list[int] | None:
-        """Blocks of seq's longest prefix cached or completed in this step, leaving at least its last
-        token to compute (its logits sample the next token); None when seq does not use the cache."""
+    def _cached_prefix(self, seq: Sequence, completed_in_step: list[dict[bytes, int]]) -> list[list[int]] | None:
+        """Per group, the table of seq's longest prefix cached or completed in this step, leaving at
+        least its last token to compute (its logits sample the next token); None when seq does not
+        use the cache."""
         if not self._uses_prefix_cache(seq):
             return None
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
-        hits = self.block_manager.cached_prefix(seq.block_hashes[:num_blocks])
-        for block_hash in seq.block_hashes[len(hits) : num_blocks]:
-            if block_hash not in completed_in_step:
-                break
-            hits.append(completed_in_step[block_hash])
-        return hits
+        return self.block_manager.cached_prefix(seq.block_hashes[:num_blocks], completed_in_step)
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Offer seq's full blocks computed by now to the prefix cache (after each step it ran in)."""
@@ -240,6 +249,7 @@ class Scheduler:
         """Free the KV of seq, keep its tokens, and put it at the front of the queue (recomputed later)."""
         del self.running[seq.seq_id]
         self.block_manager.free(seq.seq_id)
+        self._prompt_chunk_caps.pop(seq.seq_id, None)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -252,6 +262,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)  # only on abort; rare
         self.block_manager.free(seq.seq_id)
+        self._prompt_chunk_caps.pop(seq.seq_id, None)
         self.num_reserved_blocks -= seq.reserved_blocks
         seq.reserved_blocks = 0
         seq.status = SequenceStatus.FINISHED

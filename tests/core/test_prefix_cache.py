@@ -31,22 +31,23 @@ def test_freed_blocks_stay_cached_until_they_are_handed_out_again() -> None:
     bm.grow(1, 10)
     table = bm.block_table(1)
     bm.offer_full_blocks(1, hashes, 2)
-    assert bm.cached_prefix(hashes) == table[:2]
+    assert bm.cached_prefix(hashes) == [table[:2]]
     bm.free(1)
     assert bm.num_free_blocks == 8  # cached blocks no sequence holds are free
-    assert bm.cached_prefix(hashes) == table[:2]
-    assert bm.cached_prefix(hashes_of([99, *tokens[1:]], 4)) == []
-    assert bm.can_start(10, table[:2]) and not bm.can_start(8 * 4 + 1, table[:2])
-    bm.share(2, table[:2])
+    assert bm.cached_prefix(hashes) == [table[:2]]
+    assert bm.cached_prefix(hashes_of([99, *tokens[1:]], 4)) == [[]]
+    assert bm.can_start(10, [table[:2]], chunk_tokens=4)
+    assert not bm.can_start(8 * 4 + 1, [table[:2]], chunk_tokens=4)
+    bm.share(2, [table[:2]])
     assert bm.block_table(2) == table[:2] and bm.num_free_blocks == 6
-    bm.share(3, table[:1])
+    bm.share(3, [table[:1]])
     assert bm.ref_count(table[0]) == 2 and bm.num_free_blocks == 6
     bm.free(2)
     bm.free(3)
     bm.grow(4, 8 * 4)  # every block handed out: the cached contents are gone
-    assert bm.cached_prefix(hashes) == []
+    assert bm.cached_prefix(hashes) == [[]]
     bm.free(4)
-    assert bm.num_free_blocks == 8 and bm.cached_prefix(hashes) == []
+    assert bm.num_free_blocks == 8 and bm.cached_prefix(hashes) == [[]]
 
 
 def test_a_prefix_keeps_its_first_blocks_longest() -> None:
@@ -58,7 +59,7 @@ def test_a_prefix_keeps_its_first_blocks_longest() -> None:
     bm.free(1)
     bm.grow(2, 6)  # the two never-used blocks, then the prefix's last block
     assert second in bm.block_table(2) and first not in bm.block_table(2)
-    assert bm.cached_prefix(hashes) == [first]
+    assert bm.cached_prefix(hashes) == [[first]]
 
 
 def test_a_prefix_cached_already_keeps_its_block() -> None:
@@ -69,17 +70,17 @@ def test_a_prefix_cached_already_keeps_its_block() -> None:
     first = bm.block_table(1)
     bm.offer_full_blocks(1, hashes, 1)
     bm.offer_full_blocks(2, hashes, 1)  # computed the same prefix in the same step
-    assert bm.cached_prefix(hashes) == first
+    assert bm.cached_prefix(hashes) == [first]
     bm.free(2)
     bm.free(1)
-    assert bm.num_free_blocks == 4 and bm.cached_prefix(hashes) == first
+    assert bm.num_free_blocks == 4 and bm.cached_prefix(hashes) == [first]
 
 
 def test_a_sequence_holding_blocks_cannot_start_from_the_cache() -> None:
     bm = BlockManager(num_blocks=4, block_size=2)
     bm.grow(1, 2)
     with pytest.raises(RuntimeError, match="already holds blocks"):
-        bm.share(1, [3])
+        bm.share(1, [[3]])
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)

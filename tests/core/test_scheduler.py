@@ -10,11 +10,13 @@ from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
 from ember_core.sampling_params import SamplingParams
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 4, **kwargs) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64, block_size: int = 4, group_windows: tuple[int | None, ...] = (None,), **kwargs
+) -> Scheduler:
     kwargs.setdefault("max_num_seqs", 8)
     kwargs.setdefault("max_num_batched_tokens", 256)
     kwargs.setdefault("max_model_len", 1024)
-    return Scheduler(BlockManager(num_blocks, block_size), **kwargs)
+    return Scheduler(BlockManager(num_blocks, block_size, group_windows), **kwargs)
 
 
 _next_id = iter(range(10**6))
