@@ -1,9 +1,9 @@
 """Loader for ember's C++ CPU ops, one extension per instruction set built from the .cpp files next
 to this one: `paged_decode_attention` and `paged_decode_attention_supports` (paged_decode.cpp),
 `small_batch_linear`, `gguf_block_linear` and `gguf_dequantize` (small_batch_linear.cpp),
-`bf16_linear` (bf16_linear.cpp), `rms_norm`, `rotary_` and `silu_and_mul` (elementwise.cpp),
-`write_kv_cache_` (kv_cache.cpp),
-`llama_decode_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h),
+`bf16_linear` (bf16_linear.cpp), `rms_norm`, `rms_norm_`, `rotary_`, `silu_and_mul` and `gelu_tanh_and_mul`
+(elementwise.cpp), `write_kv_cache_` (kv_cache.cpp),
+`decoder_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h),
 and the sampler's `inverse_cdf_draw` (sampling.cpp). `ops()` is the op namespace of the instruction
 set in use: `ops().small_batch_linear(...)`.
 
@@ -201,6 +201,8 @@ def _fake(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    softcap: float = 0.0,
+    window: int = 0,
 ) -> torch.Tensor:
     return torch.empty_like(query)
 
@@ -250,6 +252,8 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [batch, max_blocks] int32
     context_lens: torch.Tensor,  # [batch] int32; 0 gives a zero output row
     scale: float,
+    softcap: float = 0.0,  # > 0: scores become softcap * tanh(score / softcap) (Gemma 2)
+    window: int = 0,  # > 0: each query sees only the last `window` positions (sliding-window layers)
 ) -> torch.Tensor:
     """Attention of one query token per sequence over its paged K/V; returns [batch, num_heads, head_dim]."""
-    return ops().paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+    return ops().paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale, softcap, window)

@@ -1,7 +1,9 @@
-// A whole Llama decoder layer of a decode step as one call (float32 or bfloat16, CPU), composed of ember's
-// other ops in the order models/llama.py calls them, so its outputs are bit-identical to the
+// A whole decoder layer of a decode step as one call (float32 or bfloat16, CPU), composed of ember's
+// other ops in the order models/decoder.py calls them, so its outputs are bit-identical to the
 // layer's modules. At batch 1 the layer's ~20 eager ops and module calls cost ~4 ms of a ~20 ms
-// step in Python and dispatch; from here each op is a plain C++ call.
+// step in Python and dispatch; from here each op is a plain C++ call. The families' switches
+// arrive as data: which norms are present, q/k norms per head or over the whole projection, the
+// activation, partial rotary (cos/sin narrower than a head), a soft-cap and a sliding window.
 
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -16,6 +18,8 @@ namespace {
 
 constexpr int64_t kPlainWeight = -1;  // a linear's format code for an [out, in] weight in hidden's dtype
 constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
+// The norms' slots: before and after attention, before and after the MLP, then the q and k norms.
+enum Norm : int64_t { kAttentionIn, kAttentionOut, kMlpIn, kMlpOut, kQuery, kKey, kNorms };
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   int64_t format) {
@@ -26,47 +30,65 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   return ember::gguf_block_linear(x, weight, bias, format, x.size(1));
 }
 
+at::Tensor normed(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  return weight ? ember::rms_norm(x, *weight, eps) : x;
+}
+
+// A q or k norm in place over `columns` [tokens, heads * head_dim] of the QKV output: per head when
+// the weight is head_dim long, else over all the heads' columns at once (OLMo 2).
+void norm_heads_(const at::Tensor& columns, int64_t heads, int64_t head_dim, const at::Tensor& weight, double eps) {
+  const int64_t groups = weight.size(0) == head_dim ? heads : 1;
+  ember::rms_norm_(columns.view({columns.size(0), groups, heads * head_dim / groups}), weight, eps);
+}
+
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
-//   hidden += o(attention(rotary(qkv(norm1(hidden)))));  hidden += down(silu_and_mul(gate_up(norm2(hidden))))
-// weights / biases / formats: qkv, o, gate_up, down; a format is a GGUF block format code
-// (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token is its own sequence's decode.
-void llama_decode_layer_(const at::Tensor& hidden, const at::Tensor& input_norm_weight,
-                         const at::Tensor& post_attention_norm_weight, double eps, at::TensorList weights,
-                         const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
-                         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
-                         const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& context_lens, int64_t num_heads, double scale) {
+//   hidden += norm_attn_out(o(attention(rotary(qk_norm(qkv(norm_attn_in(hidden)))))))
+//   hidden += norm_mlp_out(down(act_and_mul(gate_up(norm_mlp_in(hidden)))))
+// where an absent norm passes its input through. weights / biases / formats: qkv, o, gate_up, down; a
+// format is a GGUF block format code (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token
+// is its own sequence's decode. Rotary turns the first cos.size(1) dims of each q and k head.
+void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& norms, double eps,
+                    at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
+                    bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+                    const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                    const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window) {
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == kLinears && static_cast<int64_t>(biases.size()) == kLinears &&
                   static_cast<int64_t>(formats.size()) == kLinears,
-              "llama_decode_layer_: weights, biases and formats must each hold qkv, o, gate_up and down, got ",
+              "decoder_layer_: weights, biases and formats must each hold qkv, o, gate_up and down, got ",
               weights.size(), ", ", biases.size(), " and ", formats.size());
-  TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "llama_decode_layer_: hidden must be [tokens, hidden_size] ",
+  TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNorms, "decoder_layer_: norms must hold ", kNorms,
+              " entries (attention in/out, mlp in/out, q, k; None where absent), got ", norms.size());
+  TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "decoder_layer_: hidden must be [tokens, hidden_size] ",
               "and the caches [num_blocks, block_size, kv_heads, head_dim], got ", hidden.sizes(), " and ",
               key_cache.sizes());
   const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
-  const at::Tensor qkv = linear(ember::rms_norm(hidden, input_norm_weight, eps), weights[0], biases.get(0), formats[0]);
-  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "llama_decode_layer_: the qkv projection gives ",
+  const at::Tensor qkv = linear(normed(hidden, norms.get(kAttentionIn), eps), weights[0], biases.get(0), formats[0]);
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
               qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
+  if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
+  if (const auto k_norm = norms.get(kKey))
+    norm_heads_(qkv.narrow(1, num_heads * head_dim, kv_heads * head_dim), kv_heads, head_dim, *k_norm, eps);
   const at::Tensor heads = qkv.view({tokens, num_heads + 2 * kv_heads, head_dim});
-  ember::rotary_(heads.narrow(1, 0, num_heads + kv_heads), cos, sin);
+  ember::rotary_(heads.narrow(1, 0, num_heads + kv_heads).narrow(2, 0, cos.size(1)), cos, sin);
   ember::write_kv_cache_(key_cache, value_cache, slot_mapping, heads.narrow(1, num_heads, kv_heads),
                          heads.narrow(1, num_heads + kv_heads, kv_heads));
   const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
-                                                             block_tables, context_lens, scale);
-  hidden.add_(linear(attention.view({tokens, num_heads * head_dim}), weights[1], biases.get(1), formats[1]));
-  const at::Tensor gate_up =
-      linear(ember::rms_norm(hidden, post_attention_norm_weight, eps), weights[2], biases.get(2), formats[2]);
-  hidden.add_(linear(ember::silu_and_mul(gate_up), weights[3], biases.get(3), formats[3]));
+                                                             block_tables, context_lens, scale, softcap, window);
+  const at::Tensor attention_out = linear(attention.view({tokens, num_heads * head_dim}), weights[1], biases.get(1), formats[1]);
+  hidden.add_(normed(attention_out, norms.get(kAttentionOut), eps));
+  const at::Tensor gate_up = linear(normed(hidden, norms.get(kMlpIn), eps), weights[2], biases.get(2), formats[2]);
+  const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
+  hidden.add_(normed(linear(activated, weights[3], biases.get(3), formats[3]), norms.get(kMlpOut), eps));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def(
-      "llama_decode_layer_(Tensor(a!) hidden, Tensor input_norm_weight, Tensor post_attention_norm_weight, "
-      "float eps, Tensor[] weights, Tensor?[] biases, int[] formats, Tensor cos, Tensor sin, Tensor(b!) key_cache, "
-      "Tensor(c!) value_cache, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
-      "float scale) -> ()");
+      "decoder_layer_(Tensor(a!) hidden, Tensor?[] norms, float eps, Tensor[] weights, Tensor?[] biases, "
+      "int[] formats, bool gelu, Tensor cos, Tensor sin, Tensor(b!) key_cache, Tensor(c!) value_cache, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, float scale, float softcap, "
+      "int window) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("llama_decode_layer_", &llama_decode_layer_); }
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("decoder_layer_", &decoder_layer_); }

@@ -21,8 +21,10 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& blocks, const std:
 
 // elementwise.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void rms_norm_(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up);
 
 // kv_cache.cpp
 void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
@@ -30,7 +32,8 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
 
 // paged_decode.cpp
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                                  double softcap, int64_t window);
 
 // small_batch_linear.cpp
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);

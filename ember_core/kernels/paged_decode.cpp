@@ -1,7 +1,8 @@
 // Decode attention straight out of the paged KV cache: one query token per sequence attends over
-// the first context_len tokens its block table points at. K/V are read in place (no gather copy);
-// scores, softmax and the weighted sum of V are computed in float32. A float32 query may read a
-// float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
+// the first context_len tokens its block table points at (a sliding-window layer: the last `window`
+// of them). K/V are read in place (no gather copy); scores, softmax and the weighted sum of V are
+// computed in float32, scores soft-capped first where the model asks (Gemma 2). A float32 query may
+// read a float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
 //
 // Work item = a span of one sequence's tokens, all heads. A sequence is cut into spans by its own
 // length alone (64 tokens each; longer ones past 512 tokens, so there are at most 8), never by the
@@ -141,6 +142,12 @@ inline void group_chunk_scores(const float* q, const T* const (&keys)[kRows], co
   }
 }
 
+// The first position a query at position context_len - 1 attends to: a sliding window of `window`
+// tokens sees p - window < q <= p (window 0: every position).
+inline int64_t window_start(int64_t context_len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, context_len - window) : 0;
+}
+
 // Tokens [begin, end) of one sequence's context.
 struct Span {
   int64_t sequence, begin, end;
@@ -217,6 +224,14 @@ inline void accumulate_values(float* acc, const float* weights, const T* value_c
   }
 }
 
+// Gemma 2's soft-capped attention logits, cap * tanh(score / cap), in place (cap 0: none).
+inline void soft_cap(float* row, int64_t length, float cap) {
+  if (cap <= 0.0f) return;
+  int64_t t = 0;
+  for (; t + kLanes <= length; t += kLanes) store(row + t, tanh_vector(load(row + t) / cap) * cap);
+  for (; t < length; ++t) row[t] = tanh_vector(broadcast(row[t] / cap))[0] * cap;
+}
+
 // Turns a row of scores into exp(score - max) in place; returns the max and the sum.
 inline std::pair<float, float> softmax_weights(float* row, int64_t length) {
   vfloat vmax = broadcast(-std::numeric_limits<float>::infinity());
@@ -290,7 +305,8 @@ inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk
 
 template <typename Q, typename T>
 void attend_span(const Q* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
-                 const Span& span, const Shapes& s, float scale, Scratch& scratch, const Partial& result) {
+                 const Span& span, const Shapes& s, float scale, float softcap, Scratch& scratch,
+                 const Partial& result) {
   const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
   float* q = scratch.query.data();
   float* scores = scratch.scores.data();
@@ -308,8 +324,10 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     }
   }
 
-  for (int64_t h = 0; h < s.num_heads; ++h)
+  for (int64_t h = 0; h < s.num_heads; ++h) {
+    soft_cap(scores + h * stride, span.end - span.begin, softcap);
     std::tie(result.max[h], result.sum[h]) = softmax_weights(scores + h * stride, span.end - span.begin);
+  }
 
   for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
@@ -378,8 +396,8 @@ inline void wide_accumulate_values(float* acc, const float* weights, const c10::
 }
 
 void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache, const c10::BFloat16* value_cache,
-                      const int32_t* block_table, const Span& span, const Shapes& s, float scale, Scratch& scratch,
-                      const Partial& result) {
+                      const int32_t* block_table, const Span& span, const Shapes& s, float scale, float softcap,
+                      Scratch& scratch, const Partial& result) {
   const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
   float* scores = scratch.scores.data();
   for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
@@ -396,8 +414,10 @@ void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache
     }
   }
 
-  for (int64_t h = 0; h < s.num_heads; ++h)
+  for (int64_t h = 0; h < s.num_heads; ++h) {
+    soft_cap(scores + h * stride, span.end - span.begin, softcap);
     std::tie(result.max[h], result.sum[h]) = softmax_weights(scores + h * stride, span.end - span.begin);
+  }
 
   for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
     for (int64_t g = 0; g < group; g += kHeadsPerPass) {
@@ -449,8 +469,8 @@ void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums
 
 template <typename Q, typename T>
 void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-         const at::Tensor& block_tables, const at::Tensor& context_lens, float scale, at::Tensor& out,
-         const Shapes& s) {
+         const at::Tensor& block_tables, const at::Tensor& context_lens, float scale, float softcap,
+         int64_t window, at::Tensor& out, const Shapes& s) {
   const int64_t batch = query.size(0), num_heads = s.num_heads, head_dim = s.head_dim;
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
@@ -468,12 +488,13 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
   int64_t longest_span = 0;
   for (int64_t b = 0; b < batch; ++b) {
     first_span[b] = static_cast<int64_t>(spans.size());
+    const int64_t start = window_start(lens[b], window), length = lens[b] - start;
     const int64_t span_tokens =
-        kSpanTokens * std::max<int64_t>(1, (lens[b] + kSpanTokens * kMaxSpansPerSequence - 1) /
+        kSpanTokens * std::max<int64_t>(1, (length + kSpanTokens * kMaxSpansPerSequence - 1) /
                                                (kSpanTokens * kMaxSpansPerSequence));
-    for (int64_t begin = 0; begin < lens[b]; begin += span_tokens)
+    for (int64_t begin = start; begin < lens[b]; begin += span_tokens)
       spans.push_back({b, begin, std::min<int64_t>(begin + span_tokens, lens[b])});
-    longest_span = std::max(longest_span, std::min<int64_t>(span_tokens, lens[b]));
+    longest_span = std::max(longest_span, std::min<int64_t>(span_tokens, length));
   }
   first_span[batch] = static_cast<int64_t>(spans.size());
   const int64_t num_spans = first_span[batch];
@@ -498,10 +519,12 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
       const Partial result{&maxes[i * num_heads], &sums[i * num_heads], &accs[i * num_heads * head_dim]};
 #if defined(EMBER_WIDE_BF16_ATTENTION)
       if constexpr (std::is_same_v<Q, c10::BFloat16> && std::is_same_v<T, c10::BFloat16>)
-        attend_span_wide(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+        attend_span_wide(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, softcap,
+                         scratch, result);
       else
 #endif
-        attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, scratch, result);
+        attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, softcap, scratch,
+                    result);
       if (spans_left[b].fetch_sub(1, std::memory_order_acq_rel) == 1)
         merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, factors.data(),
                     o + b * num_heads * head_dim);
@@ -521,7 +544,7 @@ namespace ember {
 
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& context_lens, double scale, double softcap, int64_t window) {
   TORCH_CHECK(query.dim() == 3, "paged_decode_attention: query must be [batch, heads, head_dim], got ",
               query.sizes());
   TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes(),
@@ -560,14 +583,17 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == batch,
               "paged_decode_attention: context_lens must be [batch], got ", context_lens.sizes());
 
-  // A bad block id or length would read outside the cache; checking is O(batch * max_blocks).
+  TORCH_CHECK(softcap >= 0.0 && window >= 0, "paged_decode_attention: softcap and window must be >= 0 (0: none), got ",
+              softcap, " and ", window);
+  // A bad block id or length would read outside the cache; checking is O(batch * max_blocks). Only
+  // the blocks of the window are read: a sliding window's table may hold dropped (-1) entries before it.
   const int64_t max_blocks = block_tables.size(1);
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * block_size, "paged_decode_attention: context_lens[",
                 b, "] = ", lens[b], " does not fit ", max_blocks, " blocks of ", block_size);
-    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i) {
+    for (int64_t i = window_start(lens[b], window) / block_size; i < (lens[b] + block_size - 1) / block_size; ++i) {
       const int32_t block = tables[b * max_blocks + i];
       TORCH_CHECK(block >= 0 && block < num_blocks, "paged_decode_attention: block_tables[", b, ", ", i,
                   "] = ", block, " is outside the cache's ", num_blocks, " blocks");
@@ -577,17 +603,21 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   at::Tensor out = at::empty(query.sizes(), query.options());
   const Shapes shapes{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim, block_size, max_blocks,
                       block_size * num_kv_heads * head_dim, num_kv_heads * head_dim};
-  const float scale_f = static_cast<float>(scale);
+  const float scale_f = static_cast<float>(scale), softcap_f = static_cast<float>(softcap);
+  const auto attend = [&](auto query_type, auto cache_type) {
+    run<decltype(query_type), decltype(cache_type)>(query, key_cache, value_cache, block_tables, context_lens, scale_f,
+                                                    softcap_f, window, out, shapes);
+  };
   if (dtype == at::kBFloat16)
-    run<c10::BFloat16, c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    attend(c10::BFloat16{}, c10::BFloat16{});
   else if (dtype == at::kHalf)
-    run<c10::Half, c10::Half>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    attend(c10::Half{}, c10::Half{});
   else if (cache_dtype == at::kHalf)
-    run<float, c10::Half>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    attend(float{}, c10::Half{});
   else if (cache_dtype == at::kBFloat16)
-    run<float, c10::BFloat16>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    attend(float{}, c10::BFloat16{});
   else
-    run<float, float>(query, key_cache, value_cache, block_tables, context_lens, scale_f, out, shapes);
+    attend(float{}, float{});
   return out;
 }
 
@@ -596,7 +626,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
 TORCH_LIBRARY(EMBER_OPS, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, "
-      "Tensor context_lens, float scale) -> Tensor");
+      "Tensor context_lens, float scale, float softcap=0., int window=0) -> Tensor");
   // No tensor to dispatch on: one kernel for every backend.
   m.def("paged_decode_attention_supports(ScalarType query, ScalarType cache) -> bool", &supports);
 }

@@ -69,6 +69,22 @@ inline void store_bf16(void* p, vfloat v) {
   std::memcpy(p, &out, sizeof(out));
 }
 
+// The first `count` (at most kLanes) bfloat16 values at p, widened (the other lanes 0); and the
+// first `count` lanes of v stored as bfloat16: the tails of rows that are not whole vectors.
+inline vfloat load_bf16_first(const void* p, int64_t count) {
+  if (count == kLanes) return load_bf16(p);
+  uint16_t lanes[kLanes] = {};
+  std::memcpy(lanes, p, count * sizeof(uint16_t));
+  return load_bf16(lanes);
+}
+
+inline void store_bf16_first(void* p, vfloat v, int64_t count) {
+  if (count == kLanes) return store_bf16(p, v);
+  uint16_t lanes[kLanes];
+  store_bf16(lanes, v);
+  std::memcpy(p, lanes, count * sizeof(uint16_t));
+}
+
 inline float sum(vfloat v) {
   float total = 0.0f;
   for (int64_t i = 0; i < kLanes; ++i) total += v[i];
@@ -90,6 +106,22 @@ inline vfloat exp_nonpositive(vfloat x) {
   p = p * r * r + r + 1.0f;
   const vint exponent = (reinterpret_cast<vint>(shifted) - reinterpret_cast<vint>(round_magic) + 127) << 23;
   return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);
+}
+
+// tanh as vector code (Cephes' tanhf): an odd polynomial below |x| = 0.625, where 1 - 2 / (e^2x + 1)
+// would lose digits to cancellation, and that form from exp_nonpositive(-2|x|) above it. Absolute
+// error ~1e-7 over the whole range; saturates to +-1 without overflow.
+inline vfloat tanh_vector(vfloat x) {
+  const vfloat magnitude = x < 0.0f ? -x : x;
+  const vfloat z = x * x;
+  vfloat p = broadcast(-5.70498872745e-3f);
+  for (const float coefficient : {2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f, -3.33332819422e-1f})
+    p = multiply_add(p, z, broadcast(coefficient));
+  const vfloat small = multiply_add(p * z, x, x);
+  const vfloat e = exp_nonpositive(-2.0f * magnitude);
+  const vfloat large = (1.0f - e) / (1.0f + e);
+  const vfloat signed_large = x < 0.0f ? -large : large;
+  return magnitude < 0.625f ? small : signed_large;
 }
 
 }  // namespace
