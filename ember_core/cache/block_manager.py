@@ -15,7 +15,7 @@ DROPPED_BLOCK; the runner never reads them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 
@@ -168,16 +168,12 @@ class BlockManager:
     def largest_fitting_chunk(self, num_tokens: int, max_chunk_tokens: int) -> int:
         """The largest chunk size <= max_chunk_tokens with which a lone sequence of num_tokens tokens
         fits the pool (smaller chunks lower what a window group holds at once); 0 if none does."""
-        if self.blocks_for_sequence(num_tokens, max_chunk_tokens) <= self.num_blocks:
-            return max_chunk_tokens
-        low, high = 0, max_chunk_tokens - 1
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self.blocks_for_sequence(num_tokens, middle) <= self.num_blocks:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return _largest(max_chunk_tokens, lambda chunk: self.blocks_for_sequence(num_tokens, chunk) <= self.num_blocks)
+
+    def longest_fitting_sequence(self, max_tokens: int, chunk_tokens: int) -> int:
+        """The most tokens, up to max_tokens, one sequence can reach in the whole pool (window groups
+        hold only their windows: a model with windows fits more than the pool's token count)."""
+        return _largest(max_tokens, lambda tokens: self.blocks_for_sequence(tokens, chunk_tokens) <= self.num_blocks)
 
     def can_start(self, num_tokens: int, cached: Sequence_[list[int]] = (), *, chunk_tokens: int) -> bool:
         """Whether a sequence holding no blocks can take these cached tables (cached_prefix's, or none)
@@ -249,3 +245,16 @@ class BlockManager:
                 self._pool.release(table[index])
                 table[index] = DROPPED_BLOCK
             held.first_held[group] = max(held.first_held[group], indices.stop)
+
+
+def _largest(high: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in [0, high] for which fits(n) holds, fits being true up to some n and false
+    beyond (fits(0) is taken as true and never asked)."""
+    low = 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -22,7 +22,8 @@ from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
-from ember_core.runner.model_runner import ModelRunner, kv_cache_bytes_per_block
+from ember_core.runner.kv_cache_layout import kv_cache_layout
+from ember_core.runner.model_runner import ModelRunner
 from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
@@ -45,7 +46,8 @@ class Engine:
         model, dtype = self.loaded.model, self.loaded.dtype
         num_blocks = config.num_blocks
         kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
-        bytes_per_block = kv_cache_bytes_per_block(model, config.block_size, kv_dtype)
+        layout = kv_cache_layout(model)
+        bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
         if num_blocks is None:
             num_blocks = int(config.kv_cache_mib * 2**20) // bytes_per_block
             if num_blocks == 0:
@@ -54,19 +56,20 @@ class Engine:
                     f"({bytes_per_block / 2**20:.1f} MiB each): raise --kv-cache-mib or lower --block-size"
                 )
         _check_kv_cache_fits(num_blocks * bytes_per_block, device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, layout.group_windows)
+        cache_tokens = self.block_manager.longest_fitting_sequence(self.loaded.max_model_len, config.max_num_batched_tokens)
         logger.info(
-            "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)",
-            num_blocks, config.block_size, num_blocks * config.block_size,
-            num_blocks * bytes_per_block / 2**20, kv_dtype,
+            "KV cache: %d blocks x %d tokens in %d group(s) of %d layers (%.1f MiB, %s): one sequence may hold %d tokens",
+            num_blocks, config.block_size, len(layout.group_windows), layout.layers_per_group,
+            num_blocks * bytes_per_block / 2**20, kv_dtype, cache_tokens,
         )
-        self.max_model_len = _max_model_len(self.loaded.max_model_len, config.max_model_len, num_blocks * config.block_size)
+        self.max_model_len = _max_model_len(self.loaded.max_model_len, config.max_model_len, cache_tokens)
         if config.max_num_seqs > config.max_num_batched_tokens:
             logger.warning(
                 "max_num_seqs %d > max_num_batched_tokens %d: every running sequence takes at least one token "
                 "of a step, so at most %d run at once",
                 config.max_num_seqs, config.max_num_batched_tokens, config.max_num_batched_tokens,
             )
-        self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -229,9 +232,10 @@ class Engine:
                 SequenceChunk(
                     token_ids=seq.token_ids[start : start + num_tokens],
                     start_position=start,
-                    block_table=self.block_manager.block_table(seq.seq_id),
+                    block_tables=self.block_manager.block_tables(seq.seq_id),
                     sampling=sampling,
                     scoring=_prompt_scoring(seq, start, num_tokens),
+                    num_prompt_tokens=seq.num_prompt_tokens,
                 )
             )
         return chunks

@@ -2,6 +2,11 @@
 the K/V it holds through its block table. Decodes take the path the runner chose at start (ember's
 C++ kernel, FlexAttention, or SDPA over gathered blocks); prompt chunks take SDPA over their
 gathered blocks. One entry point, so the models never see which.
+
+A layer may slide (it sees only the last `sliding_window` positions: Mistral, Gemma) and soft-cap
+its logits (Gemma 2). Layers are grouped by what they keep in the KV cache (the block manager's KV
+cache groups): a step's metadata holds one AttentionMetadata per group, with that group's slots and
+block tables, and each layer reads its group's.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class AttentionMetadata:
     decode_key_mask: torch.Tensor | None
     prefills: list[PrefillSlice]
 
+    sliding_window: int | None = None  # the group's: its block tables hold only the window's blocks
+
     @property
     def num_decodes(self) -> int:
         return self.decode_token_index.numel()
@@ -59,10 +66,53 @@ class AttentionMetadata:
         return not self.prefills and self.decode_block_mask is None and self.decode_key_mask is None
 
 
-def decode_key_mask(context_lens: torch.Tensor, max_blocks: int, block_size: int) -> torch.Tensor:
-    """True where a decode row's padded, gathered keys hold its context."""
-    key_positions = torch.arange(max_blocks * block_size, device=context_lens.device)
-    return (key_positions.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(context_lens), 1, 1, max_blocks * block_size)
+@dataclass
+class ForwardMetadata:
+    """What a model's forward needs beyond token ids and positions."""
+
+    groups: list[AttentionMetadata]  # one per KV cache group; a layer reads groups[its kv_group]
+    # Per token, the length of its sequence's prompt: LongRoPE picks its table by it (models/rotary.py).
+    prompt_lengths: torch.Tensor
+
+    @property
+    def decodes_only_on_kernel(self) -> bool:
+        return self.groups[0].decodes_only_on_kernel
+
+
+def decode_key_mask(
+    context_lens: torch.Tensor, max_blocks: int, block_size: int, sliding_window: int | None = None
+) -> torch.Tensor:
+    """True where a decode row's padded, gathered keys hold its context (within its window)."""
+    key_positions = torch.arange(max_blocks * block_size, device=context_lens.device).unsqueeze(0)
+    visible = key_positions < context_lens.unsqueeze(1)
+    if sliding_window is not None:
+        visible &= key_positions >= (context_lens - sliding_window).unsqueeze(1)
+    return visible.view(len(context_lens), 1, 1, max_blocks * block_size)
+
+
+def attention_with_mask(
+    q: torch.Tensor,  # [..., heads, queries, head_dim]
+    keys: torch.Tensor,  # [..., kv_heads, keys, head_dim]
+    values: torch.Tensor,
+    mask: torch.Tensor | None,  # bool, broadcast to [..., heads, queries, keys]; None: causal, as many keys as queries
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """SDPA, or where logits are soft-capped (which SDPA cannot do) the same written out as
+    transformers' eager attention: scores * scale, cap * tanh(scores / cap), masked softmax in float32."""
+    gqa = keys.shape[-3] != q.shape[-3]
+    if softcap is None:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        group = q.shape[-3] // keys.shape[-3]
+        keys, values = keys.repeat_interleave(group, dim=-3), values.repeat_interleave(group, dim=-3)
+    scores = torch.tanh(torch.matmul(q, keys.transpose(-1, -2)) * scale / softcap) * softcap
+    if mask is None:
+        mask = torch.ones(q.shape[-2], keys.shape[-2], dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), values)
 
 
 def gathered_decode_attention(
@@ -72,13 +122,13 @@ def gathered_decode_attention(
     block_tables: torch.Tensor,
     key_mask: torch.Tensor,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be narrower)
+    # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be
+    # narrower). A sliding window's dropped (-1) entries gather some block that the mask hides.
     keys = key_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
     values = value_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    return F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=key_mask, scale=scale, enable_gqa=key_cache.shape[2] != q.shape[1]
-    ).squeeze(2)
+    return attention_with_mask(q.unsqueeze(2), keys, values, key_mask, scale, softcap).squeeze(2)
 
 
 def _decode_attention(
@@ -87,16 +137,18 @@ def _decode_attention(
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None,
 ) -> torch.Tensor:
     if meta.decode_block_mask is not None:
         return flex_decode_attention(q, key_cache, value_cache, meta.decode_block_mask, scale)
     if meta.decode_key_mask is not None:
         return gathered_decode_attention(
-            q, key_cache, value_cache, meta.decode_block_tables, meta.decode_key_mask, scale
+            q, key_cache, value_cache, meta.decode_block_tables, meta.decode_key_mask, scale, softcap
         )
     # Reads each sequence's K/V in place through its block table (ember_core/kernels).
     return cpu_ops.ops().paged_decode_attention(
-        q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale
+        q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, scale, softcap or 0.0,
+        meta.sliding_window or 0,
     )
 
 
@@ -119,54 +171,78 @@ def paged_attention(
     value_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     if not meta.prefills:  # every token is the decode of its own sequence, in batch order
-        return _decode_attention(query, key_cache, value_cache, meta, scale)
+        return _decode_attention(query, key_cache, value_cache, meta, scale, softcap)
     out = torch.empty_like(query)
-    gqa = key_cache.shape[2] != query.shape[1]
     if meta.num_decodes:
-        out[meta.decode_token_index] = _decode_attention(query[meta.decode_token_index], key_cache, value_cache, meta, scale)
+        out[meta.decode_token_index] = _decode_attention(
+            query[meta.decode_token_index], key_cache, value_cache, meta, scale, softcap
+        )
+    window = meta.sliding_window
     for p in meta.prefills:
         chunk = slice(p.token_start, p.token_start + p.num_tokens)
         if p.token_context_lens is not None:
             out[chunk] = cpu_ops.ops().paged_decode_attention(
-                query[chunk].contiguous(), key_cache, value_cache, p.token_block_tables, p.token_context_lens, scale
+                query[chunk].contiguous(), key_cache, value_cache, p.token_block_tables, p.token_context_lens, scale,
+                softcap or 0.0, window or 0,
             )
             continue
-        long_chunk = p.num_tokens > SMALL_BATCH_ROWS
-        keys = key_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
-        values = value_cache[p.block_table].flatten(0, 1)[: p.context_len].transpose(0, 1).to(query.dtype)
+        # A sliding window gathers from the block of the first key its first query sees.
+        first_query = p.context_len - p.num_tokens
+        first_block = max(0, first_query - window + 1) // key_cache.shape[1] if window else 0
+        first_key = first_block * key_cache.shape[1]
+        keys = key_cache[p.block_table[first_block:]].flatten(0, 1)[: p.context_len - first_key].transpose(0, 1)
+        values = value_cache[p.block_table[first_block:]].flatten(0, 1)[: p.context_len - first_key].transpose(0, 1)
+        keys, values = keys.to(query.dtype), values.to(query.dtype)
         q = query[chunk].transpose(0, 1)  # [heads, n, d]
+        long_chunk = p.num_tokens > SMALL_BATCH_ROWS
         if long_chunk:
             # With a batch dimension SDPA takes its flash kernel on CPU: 3-4x faster at long contexts,
             # but its bits depend on the chunk's length. Chunks within the small-batch kernels' rows
             # keep the path that materialises the scores, so steps within them keep every row's bits.
             q, keys, values = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
-        if p.context_len == p.num_tokens:
-            attn = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
-        else:
-            mask = _lower_right_causal_mask(p.num_tokens, p.context_len, query.device)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        mask = None
+        if first_key or p.context_len != p.num_tokens or window:
+            mask = _prefill_mask(first_query, p.num_tokens, first_key, p.context_len, window, query.device)
+        attn = attention_with_mask(q, keys, values, mask, scale, softcap)
         out[chunk] = (attn[0] if long_chunk else attn).transpose(0, 1)
     return out
 
 
-def _lower_right_causal_mask(num_tokens: int, context_len: int, device: torch.device) -> torch.Tensor | object:
-    """Query i sits at position context_len - num_tokens + i and sees the keys up to it. On CUDA,
-    torch's CausalBias, which the flash kernel applies without building it. On CPU, SDPA builds
-    that bias into this very mask anyway (same bits), and importing torch.nn.attention.bias pulls in
-    torch._dynamo: ~2 s of every engine start."""
-    if device.type == "cuda":
+def _prefill_mask(
+    first_query: int, num_queries: int, first_key: int, context_len: int, window: int | None, device: torch.device
+) -> torch.Tensor | object:
+    """Query i at position first_query + i sees the keys at positions first_key + j up to its own
+    (within its window). Without a window, on CUDA: torch's CausalBias, which the flash kernel applies
+    without building it. On CPU, SDPA builds that bias into this very mask anyway (same bits), and
+    importing torch.nn.attention.bias pulls in torch._dynamo: ~2 s of every engine start."""
+    if device.type == "cuda" and window is None and first_key == 0:
         from torch.nn.attention.bias import causal_lower_right
 
-        return causal_lower_right(num_tokens, context_len)
-    return torch.ones(num_tokens, context_len, dtype=torch.bool, device=device).tril(context_len - num_tokens)
+        return causal_lower_right(num_queries, context_len)
+    query_positions = torch.arange(first_query, first_query + num_queries, device=device).unsqueeze(1)
+    key_positions = torch.arange(first_key, context_len, device=device).unsqueeze(0)
+    visible = key_positions <= query_positions
+    if window is not None:
+        visible &= key_positions > query_positions - window
+    return visible
 
 
 class PagedAttention(nn.Module):
-    """Attention over the paged KV cache; the model runner binds `key_cache` / `value_cache`."""
+    """Attention over the paged KV cache; the model runner binds `key_cache` / `value_cache` and the
+    layer's KV cache group (`kv_group`: which of the step's AttentionMetadata it reads)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -174,14 +250,18 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale if scale is not None else head_dim**-0.5
+        self.sliding_window = sliding_window
+        self.softcap = softcap
+        self.kv_group = 0
         self.key_cache = torch.empty(0)
         self.value_cache = torch.empty(0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         num_tokens = q.shape[0]
+        group = meta.groups[self.kv_group]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        write_kv_cache_(self.key_cache, self.value_cache, meta.slot_mapping, k, v)
-        out = paged_attention(q, self.key_cache, self.value_cache, meta, self.scale)
+        write_kv_cache_(self.key_cache, self.value_cache, group.slot_mapping, k, v)
+        out = paged_attention(q, self.key_cache, self.value_cache, group, self.scale, self.softcap)
         return out.view(num_tokens, self.num_heads * self.head_dim)

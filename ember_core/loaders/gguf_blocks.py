@@ -19,11 +19,11 @@ from ember_core.layers.linear import (
     GGUFBlockLinear,
     StackedBlockLinear,
 )
-from ember_core.loaders.gguf_tensors import ROPE_FREQS, hf_name, in_hf_row_order
-from ember_core.models.llama import Llama
+from ember_core.loaders.gguf_tensors import NOT_WEIGHTS, hf_name, in_hf_row_order
+from ember_core.models.decoder import Decoder
 
 
-def _shard_names(model: Llama, module_name: str) -> list[str]:
+def _shard_names(model: Decoder, module_name: str) -> list[str]:
     """The HF module names (no `model.` prefix) whose weights fill this Linear's rows, in order."""
     for fused, shards in model.fused_shards().items():
         if module_name.endswith(f".{fused}"):
@@ -34,7 +34,7 @@ def _shard_names(model: Llama, module_name: str) -> list[str]:
     return [module_name]
 
 
-def _blocks_in_hf_order(model: Llama, shards: list[tuple[str, ReaderTensor]]) -> torch.Tensor:
+def _blocks_in_hf_order(model: Decoder, shards: list[tuple[str, ReaderTensor]]) -> torch.Tensor:
     """The shards' rows as uint8 blocks (16-bit rows included), stacked in the fused HF order."""
     rows = []
     for shard, tensor in shards:
@@ -43,7 +43,7 @@ def _blocks_in_hf_order(model: Llama, shards: list[tuple[str, ReaderTensor]]) ->
     return torch.cat(rows).contiguous()
 
 
-def _block_linear(model: Llama, name: str, shards: list[tuple[str, ReaderTensor]], linear: nn.Linear) -> nn.Module | None:
+def _block_linear(model: Decoder, name: str, shards: list[tuple[str, ReaderTensor]], linear: nn.Linear) -> nn.Module | None:
     """A GGUFBlockLinear over the shards' blocks, a StackedBlockLinear when they mix formats, or None
     when one format is not the kernel's or all are 16-bit (those keep_16_bit_weights keeps)."""
     kinds = [tensor.tensor_type for _, tensor in shards]
@@ -66,7 +66,7 @@ def _block_linear(model: Llama, name: str, shards: list[tuple[str, ReaderTensor]
     return StackedBlockLinear(parts, linear.bias)
 
 
-def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
+def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor]) -> int:
     """Replace each Linear whose GGUF tensors are all in block formats the kernel reads, and the
     token embedding when it is in one (sharing a tied head's blocks); returns how many.
 
@@ -74,9 +74,9 @@ def keep_gguf_blocks(model: Llama, tensors: list[ReaderTensor]) -> int:
     (such as IQ3_S or F32) keeps them; 16-bit ones are keep_16_bit_weights' job.
     """
     by_module = {
-        hf_name(t.name).removeprefix("model.").removesuffix(".weight"): t
+        hf_name(t.name, model.config.family).removeprefix("model.").removesuffix(".weight"): t
         for t in tensors
-        if t.name != ROPE_FREQS and t.name.endswith(".weight")
+        if t.name not in NOT_WEIGHTS and t.name.endswith(".weight")
     }
     linears = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
     replaced = 0

@@ -1,4 +1,5 @@
-"""GGUF tensors -> HF Llama tensors: dequantize, restore the shape, rename, undo llama.cpp's q/k row order."""
+"""GGUF tensors -> HF tensors of the file's family: dequantize, restore the shape, rename, undo
+llama.cpp's q/k row order (llama architecture)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,52 @@ import torch
 from gguf.gguf_reader import ReaderTensor
 from tqdm.auto import tqdm
 
-from ember_core.models.llama import LlamaConfig
+from ember_core.models.decoder_config import DecoderConfig
+from ember_core.models.family import Family, NormSlot
 
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# llama.cpp's norm tensors by the slot they fill (the checkpoint's name for it depends on the family).
+NORM_TENSORS: dict[str, NormSlot] = {
+    "attn_norm": "attn_in",
+    "post_attention_norm": "attn_out",
+    "ffn_norm": "mlp_in",
+    "post_ffw_norm": "mlp_out",
+}
 LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3: q, k and v in one tensor
     "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-ROPE_FREQS = "rope_freqs.weight"  # read into LlamaConfig.rope_freq_factors, not a weight
+# RoPE tables, read into the config, not weights.
+ROPE_FREQS = "rope_freqs.weight"
+ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
+NOT_WEIGHTS = (ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT)
 LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, family: Family) -> str:
     base, _, kind = gguf_name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     match = LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match[2] not in LAYER_NAMES:
-        raise ValueError(f"unexpected tensor {gguf_name!r} in a llama GGUF file")
-    return f"model.layers.{match[1]}.{LAYER_NAMES[match[2]]}.{match[3]}"
+    name = None
+    if match is not None:
+        tensor = match[2]
+        if tensor in NORM_TENSORS:
+            name = family.norm_name(NORM_TENSORS[tensor])
+        elif tensor == "ffn_up":  # Phi-3's holds the gate's rows and the up projection's
+            name = "mlp.gate_up_proj" if family.fused_checkpoint else "mlp.up_proj"
+        else:
+            name = LAYER_NAMES.get(tensor)
+    if name is None:
+        raise ValueError(f"unexpected tensor {gguf_name!r} in a {family.name} GGUF file")
+    return f"model.layers.{match[1]}.{name}.{match[3]}"
 
 
 def dequantize(tensor: ReaderTensor) -> torch.Tensor:
@@ -59,8 +80,10 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half_dim, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: LlamaConfig) -> torch.Tensor:
+def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: DecoderConfig) -> torch.Tensor:
     """A GGUF tensor's rows (values or quantized blocks) in the HF order of the tensor it becomes."""
+    if not config.family.gguf_permuted_qk:
+        return rows
     if ".self_attn.q_proj." in hf_tensor_name:
         return unpermute_rotary_rows(rows, config.num_heads)
     if ".self_attn.k_proj." in hf_tensor_name:
@@ -69,10 +92,10 @@ def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: LlamaConfig
 
 
 def iter_gguf_weights(
-    tensors: list[ReaderTensor], config: LlamaConfig, dtype: torch.dtype
+    tensors: list[ReaderTensor], config: DecoderConfig, dtype: torch.dtype
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for tensor in tqdm(tensors, desc="loading GGUF", unit="tensor"):
-        if tensor.name == ROPE_FREQS:
+        if tensor.name in NOT_WEIGHTS:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, config.family)
         yield name, in_hf_row_order(name, dequantize(tensor), config).to(dtype)

@@ -41,8 +41,11 @@ def chosen_dtype(dtype: DtypeChoice, build: Any) -> torch.dtype:
     return dtype(model)
 
 
-def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """Build the module without allocating random weights, then fill it from the checkpoint."""
+def materialize(
+    build: Any, weights: Iterable[tuple[str, torch.Tensor]], device: torch.device, dtype: torch.dtype, **load_options: Any
+) -> nn.Module:
+    """Build the module without allocating random weights, then fill it from the checkpoint
+    (`load_options` go to its load_weights)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -51,5 +54,5 @@ def materialize(build: Any, weights: Iterable[tuple[str, torch.Tensor]], device:
     finally:
         torch.set_default_dtype(previous)
     model = model.to_empty(device=device)
-    model.load_weights(weights)
+    model.load_weights(weights, **load_options)
     return model.eval()

@@ -1,4 +1,4 @@
-"""Which model class serves which HF `model_type`."""
+"""Which model serves which HF `model_type`: GPT-2, or the one decoder of the Llama-like families."""
 
 from __future__ import annotations
 
@@ -6,35 +6,34 @@ from typing import Any
 
 from torch import nn
 
+from ember_core.models.decoder import Decoder
+from ember_core.models.decoder_config import DecoderConfig
+from ember_core.models.family import FAMILIES
 from ember_core.models.gpt2 import GPT2, GPT2Config
-from ember_core.models.llama import Llama, LlamaConfig
 
-MODEL_TYPES: dict[str, tuple[Any, type[nn.Module]]] = {
-    "gpt2": (GPT2Config, GPT2),
-    "llama": (LlamaConfig, Llama),
-}
-
+SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES])
 
 # config.json's sizes, in either architecture's spelling: each must be a positive integer.
 SIZE_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
+    "sliding_window",
 )  # fmt: skip
 
 
 def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
     model_type = hf_config.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {model_type!r}; ember supports {sorted(MODEL_TYPES)}")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
     for key in SIZE_KEYS:
         value = hf_config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
-    config_cls, model_cls = MODEL_TYPES[model_type]
     try:
-        config = config_cls.from_hf(hf_config)
+        if model_type == "gpt2":
+            return GPT2(GPT2Config.from_hf(hf_config))
+        return Decoder(DecoderConfig.from_hf(hf_config))
     except KeyError as exc:
         raise ValueError(f"config.json has no {exc.args[0]!r}, which a {model_type} model needs") from None
     except TypeError as exc:
         raise ValueError(f"config.json holds a value of the wrong type: {exc}") from None
-    return model_cls(config)

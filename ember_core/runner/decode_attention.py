@@ -16,8 +16,9 @@ from ember_core.layers.flex_decode import decode_block_mask, flex_decode_attenti
 logger = logging.getLogger(__name__)
 
 
-def choose_decode_attention(requested: DecodeAttention, layer: PagedAttention, dtype: torch.dtype) -> DecodeAttention:
-    """`layer`'s caches are allocated; "auto" picks the fastest path that works here."""
+def choose_decode_attention(requested: DecodeAttention, layers: list[PagedAttention], dtype: torch.dtype) -> DecodeAttention:
+    """The layers' caches are allocated; "auto" picks the fastest path that works here."""
+    layer = layers[0]
     cache = layer.key_cache
     if requested == "kernel":
         if not (cache.is_cpu and cpu_ops.decode_attention_supports(dtype, cache.dtype)):
@@ -27,7 +28,7 @@ def choose_decode_attention(requested: DecodeAttention, layer: PagedAttention, d
             )
         return "kernel"
     if requested == "flex":
-        problem = flex_decode_problem(layer, dtype)
+        problem = _flex_unsupported(layers) or flex_decode_problem(layer, dtype)
         if problem:
             raise ValueError(f"decode_attention 'flex' does not work here: {problem}")
         return "flex"
@@ -49,11 +50,17 @@ def choose_decode_attention(requested: DecodeAttention, layer: PagedAttention, d
             )
             return "sdpa"
         return "kernel"
-    problem = flex_decode_problem(layer, dtype)
+    problem = _flex_unsupported(layers) or flex_decode_problem(layer, dtype)
     if problem:
         logger.warning("FlexAttention decode is unavailable (%s): decodes use SDPA over gathered blocks", problem)
         return "sdpa"
     return "flex"
+
+
+def _flex_unsupported(layers: list[PagedAttention]) -> str | None:
+    if any(layer.sliding_window is not None or layer.softcap is not None for layer in layers):
+        return "ember's FlexAttention decode has no sliding windows or soft-capped logits yet"
+    return None
 
 
 def flex_decode_problem(layer: PagedAttention, dtype: torch.dtype) -> str | None:

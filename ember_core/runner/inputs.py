@@ -33,9 +33,10 @@ class PromptScoring:
 class SequenceChunk:
     token_ids: list[int]  # the tokens computed this step
     start_position: int  # position of token_ids[0] in its sequence
-    block_table: list[int]
+    block_tables: list[list[int]]  # one per KV cache group (the block manager's)
     sampling: SamplingRequest | None  # None for a prompt chunk that does not reach the end
     scoring: PromptScoring | None = None
+    num_prompt_tokens: int = 0  # of the request (LongRoPE's table depends on it); 0: only positions decide
 
 
 @dataclass(frozen=True)

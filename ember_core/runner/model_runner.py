@@ -10,21 +10,16 @@ from torch import nn
 
 from ember_core.config import DecodeAttention
 from ember_core.kernels import cpu_ops
-from ember_core.layers.attention import AttentionMetadata, PagedAttention, PrefillSlice, decode_key_mask
+from ember_core.layers.attention import AttentionMetadata, ForwardMetadata, PrefillSlice, decode_key_mask
 from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.linear import SMALL_BATCH_ROWS, use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk
+from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
 from ember_core.runner.sampler import sample, scored_tokens
 from ember_proto import TokenLogprob
 
 logger = logging.getLogger(__name__)
-
-
-def kv_cache_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    element_size = torch.empty(0, dtype=dtype).element_size()
-    return sum(2 * block_size * layer.num_kv_heads * layer.head_dim * element_size for layer in layers)
 
 
 class ModelRunner:
@@ -43,14 +38,20 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv_cache_dtype = kv_cache_dtype or param.dtype
-        # The KV pool: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
-        attention_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-        for layer in attention_layers:
-            shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-            layer.key_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
-            layer.value_cache = torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype)
+        self.layout = kv_cache_layout(model)
+        # The KV pool: per layer of a group, K and V of shape [num_blocks, block_size, num_kv_heads,
+        # head_dim]; the j-th layer of every group writes the j-th pair (kv_cache_layout.py).
+        shape = (num_blocks, block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        pool = [
+            tuple(torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype) for _ in range(2))
+            for _ in range(self.layout.layers_per_group)
+        ]
+        layers = attention_layers(model)
+        for layer, (group, slot) in zip(layers, self.layout.placement):
+            layer.kv_group = group
+            layer.key_cache, layer.value_cache = pool[slot]
         # Decided once, so kernels are built or compiled (or found in their caches) at engine start.
-        self.decode_attention = choose_decode_attention(decode_attention, attention_layers[0], self.dtype)
+        self.decode_attention = choose_decode_attention(decode_attention, layers, self.dtype)
         logger.info("decode attention: %s", self.decode_attention)
         if self.device.type == "cpu" and cpu_ops.is_available():
             logger.info(
@@ -77,24 +78,32 @@ class ModelRunner:
             token_context_lens=token_lens,
         )
 
-    def prepare(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        block_size = self.block_size
+    def prepare(self, chunks: list[SequenceChunk]) -> tuple[torch.Tensor, torch.Tensor, ForwardMetadata]:
         token_ids: list[int] = []
         positions: list[int] = []
+        prompt_lengths: list[int] = []
+        for chunk in chunks:
+            token_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_position, chunk.start_position + len(chunk.token_ids)))
+            prompt_lengths.extend([chunk.num_prompt_tokens] * len(chunk.token_ids))
+        groups = [self._group_metadata(chunks, group, window) for group, window in enumerate(self.layout.group_windows)]
+        meta = ForwardMetadata(groups=groups, prompt_lengths=self._tensor(prompt_lengths))
+        return self._tensor(token_ids), self._tensor(positions), meta
+
+    def _group_metadata(self, chunks: list[SequenceChunk], group: int, window: int | None) -> AttentionMetadata:
+        """One KV cache group's slots and block tables for the step."""
+        block_size = self.block_size
         slots: list[int] = []
         decode_index: list[int] = []
         decode_tables: list[list[int]] = []
         decode_context_lens: list[int] = []
         prefills: list[PrefillSlice] = []
+        token_start = 0
         for chunk in chunks:
-            token_start = len(token_ids)
             num_tokens = len(chunk.token_ids)
             context_len = chunk.start_position + num_tokens
-            chunk_positions = range(chunk.start_position, context_len)
-            table = chunk.block_table
-            token_ids.extend(chunk.token_ids)
-            positions.extend(chunk_positions)
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in chunk_positions)
+            table = chunk.block_tables[group]
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(chunk.start_position, context_len))
             if num_tokens == 1:
                 decode_index.append(token_start)
                 decode_tables.append(table)
@@ -102,6 +111,7 @@ class ModelRunner:
             else:
                 held = -(-context_len // block_size)
                 prefills.append(self._prefill_slice(token_start, num_tokens, context_len, table[:held]))
+            token_start += num_tokens
         max_blocks = max((len(t) for t in decode_tables), default=0)
         padded = [t + [0] * (max_blocks - len(t)) for t in decode_tables]
         block_tables = torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(padded), max_blocks)
@@ -110,8 +120,8 @@ class ModelRunner:
         if self.decode_attention == "flex" and decode_tables:
             block_mask = decode_block_mask(block_tables, context_lens, self.num_blocks, block_size)
         elif self.decode_attention == "sdpa":
-            key_mask = decode_key_mask(context_lens, max_blocks, block_size)
-        meta = AttentionMetadata(
+            key_mask = decode_key_mask(context_lens, max_blocks, block_size, window)
+        return AttentionMetadata(
             slot_mapping=self._tensor(slots),
             decode_token_index=self._tensor(decode_index),
             decode_block_tables=block_tables,
@@ -119,8 +129,8 @@ class ModelRunner:
             decode_block_mask=block_mask,
             decode_key_mask=key_mask,
             prefills=prefills,
+            sliding_window=window,
         )
-        return self._tensor(token_ids), self._tensor(positions), meta
 
     @torch.inference_mode()
     def forward_hidden(self, chunks: list[SequenceChunk]) -> torch.Tensor:

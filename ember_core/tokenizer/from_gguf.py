@@ -13,10 +13,13 @@ from ember_core.tokenizer.vocab import build_spec
 _MODELS = "'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
 
 
-def tokenizer_from_gguf(reader: Any) -> Tokenizer:
-    """reader is a gguf.GGUFReader; only its `fields` are read."""
+def tokenizer_from_gguf(reader: Any) -> Tokenizer | None:
+    """reader is a gguf.GGUFReader; only its `fields` are read. None when the file has no tokenizer
+    (a model served on token ids, as a Hugging Face directory without tokenizer files)."""
     fields = reader.fields
     model = field_value(fields, "tokenizer.ggml.model")
+    if model is None and "tokenizer.ggml.tokens" not in fields:
+        return None
     if model == "llama":
         return sentencepiece_from_gguf(fields)
     if model != "gpt2":

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
@@ -138,6 +140,29 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--output-json", metavar="PATH", help="write the configuration and every run here")
     offline.add_argument("--plot", metavar="PATH", help="write a PNG of throughput and latency against concurrency")
     offline.set_defaults(bench_handler=_offline)
+
+    make_model = commands.add_parser(
+        "make-model", help="a random-weight Hugging Face checkpoint of a model family, optionally also as GGUF files"
+    )
+    make_model.add_argument("--family", required=True,
+                            help="llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2 or gpt2")
+    make_model.add_argument("--preset", help="a benchmark shape instead of the tiny default, e.g. qwen2.5-0.5b")
+    make_model.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                            help="config values over the shape, VALUE as JSON: num_hidden_layers=4 sliding_window=8")
+    make_model.add_argument("--seed", type=int, default=0)
+    make_model.add_argument("--out", required=True, metavar="DIR", help="the checkpoint directory to write")
+    make_model.add_argument("--gguf", nargs="+", default=[], metavar="TYPE",
+                            help="also write DIR/model-TYPE.gguf for each TYPE: F32, F16, BF16, Q8_0, Q5_1, Q5_0, "
+                                 "Q4_1 or Q4_0")
+    make_model.set_defaults(bench_handler=_make_model)
+    add_log_level_argument(make_model, default=argparse.SUPPRESS)
+
+    export = commands.add_parser("export-gguf", help="write a Hugging Face checkpoint directory as a GGUF file")
+    export.add_argument("model_dir", metavar="DIR")
+    export.add_argument("--out", required=True, metavar="FILE")
+    export.add_argument("--type", default="F32", metavar="TYPE", help="F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1 or Q4_0")
+    export.set_defaults(bench_handler=_export_gguf)
+    add_log_level_argument(export, default=argparse.SUPPRESS)
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser, random_kind: str) -> None:
@@ -277,6 +302,36 @@ def _offline(args: argparse.Namespace) -> int:
 
             plot_offline(runs, args.plot, f"ember bench offline: {args.model}")
     print(offline_table(runs))
+    return 0
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from ember_bench.gguf_export import FILE_TYPES, export_gguf
+    from ember_bench.random_models import random_checkpoint
+
+    unknown = [file_type for file_type in args.gguf if file_type not in FILE_TYPES]
+    if unknown:
+        raise ValueError(f"--gguf {unknown[0]!r} is not a GGUF type; supported: {', '.join(FILE_TYPES)}")
+    overrides = {}
+    for item in args.set:
+        key, separator, value = item.partition("=")
+        if not separator or not key:
+            raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    model_dir = random_checkpoint(args.family, Path(args.out), preset=args.preset, seed=args.seed, **overrides)
+    print(f"wrote {model_dir}")
+    for file_type in args.gguf:
+        print(f"wrote {export_gguf(model_dir, model_dir / f'model-{file_type}.gguf', file_type)}")
+    return 0
+
+
+def _export_gguf(args: argparse.Namespace) -> int:
+    from ember_bench.gguf_export import export_gguf
+
+    print(f"wrote {export_gguf(Path(args.model_dir), Path(args.out), args.type)}")
     return 0
 
 

@@ -18,7 +18,8 @@ from ember_core.layers.linear import BF16_ROWS_FORMAT, GGUF_BLOCK_FORMATS
 from ember_core.loaders import load_model
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
-from tests.core.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, _tiny_llama
+from tests.core.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, tiny_model
+from tests.families import FAMILIES
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.core.test_linear import _blocks
 from tests.core.test_llama_hf import CASES, VOCAB, _hf_model
@@ -95,11 +96,11 @@ def test_elementwise_ops_round_once_from_float32() -> None:
     torch.testing.assert_close(heads.double(), expected, rtol=BF16_ULP, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 @torch.inference_mode()
-def test_fused_decode_layer_gives_the_modules_bits() -> None:
-    model = _tiny_llama().to(torch.bfloat16)
-    model.inv_freq = model.inv_freq.float()
-    _assert_fused_layers_match_modules(ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE))
+def test_fused_decode_layer_gives_the_modules_bits(family: str, tmp_path) -> None:
+    model = tiny_model(family, tmp_path, torch.bfloat16)
+    _assert_fused_layers_match_modules(ModelRunner(model, num_blocks=256, block_size=BLOCK_SIZE))
 
 
 def test_a_request_gets_the_same_greedy_tokens_alone_and_among_48(smollm2_gguf_path) -> None:
@@ -138,8 +139,8 @@ def test_logits_are_as_close_to_float32_as_transformers_bfloat16(case: str, tmp_
     model = load_model(str(tmp_path), torch.device("cpu"), torch.bfloat16).model
     runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
     table = list(range(-(-len(prompt) // BLOCK_SIZE)))
-    prefill = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[:-1], 0, table, None)]))
-    decode = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[-1:], len(prompt) - 1, table, None)]))
+    prefill = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[:-1], 0, [table], None)]))
+    decode = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[-1:], len(prompt) - 1, [table], None)]))
     ember = torch.cat([prefill, decode]).float()
     assert ember.dtype is torch.float32 and model.norm.weight.dtype is torch.bfloat16
     transformers_error = (hf_bf16 - reference).abs().max().item()

@@ -1,6 +1,7 @@
-"""cpu_ops.ops().llama_decode_layer_ (kernels/decoder_layer.cpp), a Llama layer's decode step as
-one C++ call, against the layer's modules: the same output bits and the same K/V written, for float32
-weights with biases, GGUF blocks and a half-size cache; and decode steps take it."""
+"""cpu_ops.ops().decoder_layer_ (kernels/decoder_layer.cpp), a decoder layer's decode step as one
+C++ call, against the layer's modules: the same output bits and the same K/V written, for every
+family's switches (norms before and after, q/k norms, biases, GeGLU, partial rotary, windows,
+soft-caps), float32 weights with biases, GGUF blocks and a half-size cache; and decode steps take it."""
 
 from __future__ import annotations
 
@@ -12,51 +13,59 @@ from torch.profiler import profile
 
 from ember_core import LLM
 from ember_core.kernels import cpu_ops
-from ember_core.models.llama import Llama, LlamaConfig
-from ember_core.models.rotary import rope_cos_sin, rope_inv_freq
+from ember_core.loaders import load_model
+from ember_core.models.decoder import Decoder
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+from tests.families import FAMILIES, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
 BLOCK_SIZE = 4
-CONTEXT_LENGTHS = (1, 5, 13, 30)  # tokens before the decode: one to several blocks each
-TINY = LlamaConfig(
-    vocab_size=101, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
-    rms_norm_eps=1e-5, attention_bias=True, mlp_bias=True,
-)
+CONTEXT_LENGTHS = (1, 5, 13, 30)  # tokens before the decode: one to several blocks each, past the windows
 
 
-def _tiny_llama(seed: int = 0) -> Llama:
-    torch.manual_seed(seed)
-    model = Llama(TINY)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn_like(param) * 0.3 + (1.0 if param.dim() == 1 else 0.0))
-    model.inv_freq = rope_inv_freq(TINY.head_dim, TINY.rope_theta)
-    return model
+def tiny_model(family: str, tmp_path: Path, dtype: torch.dtype = torch.float32) -> Decoder:
+    write_checkpoint(family, tmp_path / family)
+    return load_model(str(tmp_path / family), torch.device("cpu"), dtype, compact_weights=False).model
 
 
 def _prefilled_decode_step(runner: ModelRunner, vocab_size: int):
     """Prompts of CONTEXT_LENGTHS tokens in the cache, then one decode step's inputs for all of them."""
     generator = torch.Generator().manual_seed(1)
     blocks_each = -(-(max(CONTEXT_LENGTHS) + 1) // BLOCK_SIZE)
-    tables = [list(range(1 + i * blocks_each, 1 + (i + 1) * blocks_each)) for i in range(len(CONTEXT_LENGTHS))]
+    num_groups = len(runner.layout.group_windows)
+    tables = []
+    for i in range(len(CONTEXT_LENGTHS)):
+        first = 1 + i * blocks_each * num_groups
+        tables.append([list(range(first + g * blocks_each, first + (g + 1) * blocks_each)) for g in range(num_groups)])
     for length, table in zip(CONTEXT_LENGTHS, tables):
         prompt = torch.randint(vocab_size, (length,), generator=generator).tolist()
-        runner.forward_hidden([SequenceChunk(prompt, 0, table, None)])
+        runner.forward_hidden([SequenceChunk(prompt, 0, table, None, num_prompt_tokens=length)])
     next_tokens = torch.randint(vocab_size, (len(tables),), generator=generator).tolist()
-    return runner.prepare([SequenceChunk([t], n, table, None) for t, n, table in zip(next_tokens, CONTEXT_LENGTHS, tables)])
+    chunks = [SequenceChunk([t], n, table, None, num_prompt_tokens=n) for t, n, table in zip(next_tokens, CONTEXT_LENGTHS, tables)]
+    return runner.prepare(chunks)
+
+
+def _layer_inputs(model: Decoder, input_ids: torch.Tensor, positions: torch.Tensor, meta):
+    """The first layer's input and every rope's cos / sin, as Decoder.forward computes them."""
+    hidden = model.embed_tokens(input_ids)
+    if model.config.embedding_scale is not None:
+        hidden = hidden * torch.tensor(model.config.embedding_scale).to(hidden.dtype)
+    tables = {
+        rope: rope.cos_sin(positions, hidden.dtype, rope.use_long_table(positions, meta.prompt_lengths)) for rope in model.ropes
+    }
+    return hidden, tables
 
 
 def _assert_fused_layers_match_modules(runner: ModelRunner) -> None:
     model = runner.model
     input_ids, positions, meta = _prefilled_decode_step(runner, model.config.vocab_size)
     assert meta.decodes_only_on_kernel
-    hidden = model.embed_tokens(input_ids)
-    cos, sin = rope_cos_sin(positions, model.inv_freq, hidden.dtype)
+    hidden, tables = _layer_inputs(model, input_ids, positions, meta)
     for layer in model.layers:
+        cos, sin = tables[layer.rope]
         caches = (layer.self_attn.attn.key_cache, layer.self_attn.attn.value_cache)
         before = [cache.clone() for cache in caches]
         expected = layer.forward_modules(hidden, cos, sin, meta)
@@ -70,10 +79,17 @@ def _assert_fused_layers_match_modules(runner: ModelRunner) -> None:
         hidden = expected
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@torch.inference_mode()
+def test_every_family_s_layer(family: str, tmp_path: Path) -> None:
+    _assert_fused_layers_match_modules(ModelRunner(tiny_model(family, tmp_path), num_blocks=256, block_size=BLOCK_SIZE))
+
+
 @pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float16])
 @torch.inference_mode()
-def test_float32_weights_with_biases(kv_cache_dtype: torch.dtype) -> None:
-    runner = ModelRunner(_tiny_llama(), num_blocks=64, block_size=BLOCK_SIZE, kv_cache_dtype=kv_cache_dtype)
+def test_float32_weights_with_biases(kv_cache_dtype: torch.dtype, tmp_path: Path) -> None:
+    model = tiny_model("llama", tmp_path)
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE, kv_cache_dtype=kv_cache_dtype)
     _assert_fused_layers_match_modules(runner)
 
 
@@ -83,45 +99,51 @@ def test_gguf_blocks(smollm2_gguf_path: Path) -> None:
     _assert_fused_layers_match_modules(llm.engine.runner)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
-def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not() -> None:
-    runner = ModelRunner(_tiny_llama(), num_blocks=64, block_size=BLOCK_SIZE)
-    table = [1, 2, 3]
+def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not(family: str, tmp_path: Path) -> None:
+    model = tiny_model(family, tmp_path)
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
+    groups = len(runner.layout.group_windows)
+    table, other = [[1 + 3 * g, 2 + 3 * g, 3 + 3 * g] for g in range(groups)], [[20 + g] for g in range(groups)]
     steps = {
-        "prefill": [SequenceChunk([3, 4, 5], 0, table, None)],
-        "decode": [SequenceChunk([6], 3, table, None)],
-        "mixed": [SequenceChunk([7], 4, table, None), SequenceChunk([8, 9], 0, [4], None)],
+        "prefill": [SequenceChunk([3, 4, 5], 0, table, None, num_prompt_tokens=3)],
+        "decode": [SequenceChunk([6], 3, table, None, num_prompt_tokens=3)],
+        "mixed": [SequenceChunk([7], 4, table, None, num_prompt_tokens=3), SequenceChunk([8, 9], 0, other, None)],
     }
     calls = {}
-    fused_layer = f"{cpu_ops.active_instruction_set().op_namespace}::llama_decode_layer_"
+    fused_layer = f"{cpu_ops.active_instruction_set().op_namespace}::decoder_layer_"
     for name, chunks in steps.items():
         with profile() as prof:
             runner.forward_hidden(chunks)
         calls[name] = sum(event.count for event in prof.key_averages() if event.key == fused_layer)
-    assert calls == {"prefill": 0, "decode": TINY.num_layers, "mixed": 0}
+    assert calls == {"prefill": 0, "decode": model.config.num_layers, "mixed": 0}
 
 
 @torch.inference_mode()
-def test_bad_operands_are_rejected_before_the_cache_changes() -> None:
-    runner = ModelRunner(_tiny_llama(), num_blocks=64, block_size=BLOCK_SIZE)
-    input_ids, positions, meta = _prefilled_decode_step(runner, TINY.vocab_size)
+def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> None:
+    model = tiny_model("llama", tmp_path)
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
+    input_ids, positions, meta = _prefilled_decode_step(runner, model.config.vocab_size)
     layer = runner.model.layers[0]
-    hidden = runner.model.embed_tokens(input_ids)
-    cos, sin = rope_cos_sin(positions, runner.model.inv_freq, hidden.dtype)
-    attention, mlp = layer.self_attn, layer.mlp
-    weights = [attention.qkv_proj.weight, attention.o_proj.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight]
+    hidden, tables = _layer_inputs(model, input_ids, positions, meta)
+    cos, sin = tables[layer.rope]
+    norms, weights, _, _ = layer.fused_operands
+    attention, group = layer.self_attn, meta.groups[0]
     key_cache = attention.attn.key_cache
     before = key_cache.clone()
 
-    def call(weights: list[torch.Tensor], num_heads: int = TINY.num_heads) -> None:
-        cpu_ops.ops().llama_decode_layer_(
-            hidden.clone(), layer.input_layernorm.weight, layer.post_attention_layernorm.weight, 1e-5,
-            weights, [None] * len(weights), [-1] * len(weights), cos, sin, key_cache, attention.attn.value_cache,
-            meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, num_heads, 0.25,
+    def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: list = list(norms)) -> None:
+        cpu_ops.ops().decoder_layer_(
+            hidden.clone(), norms, 1e-5, weights, [None] * len(weights), [-1] * len(weights), False, cos, sin,
+            key_cache, attention.attn.value_cache, group.slot_mapping, group.decode_block_tables,
+            group.decode_context_lens, num_heads, 0.25, 0.0, 0,
         )
 
     with pytest.raises(RuntimeError, match="must each hold qkv, o, gate_up and down"):
-        call(weights[:3])
+        call(list(weights[:3]))
     with pytest.raises(RuntimeError, match="the qkv projection gives 128 columns, expected"):
-        call(weights, num_heads=2)
+        call(list(weights), num_heads=2)
+    with pytest.raises(RuntimeError, match="norms must hold 6 entries"):
+        call(list(weights), norms=list(norms[:4]))
     assert torch.equal(key_cache, before)

@@ -11,11 +11,15 @@ import torch
 from ember_core.config import DEFAULT_MODEL
 from ember_core.device import cpu_has_fast_bf16
 from ember_core.loaders import load_model
-from ember_core.models.llama import Llama, LlamaConfig
+from ember_core.models.decoder import Decoder
+from ember_core.models.decoder_config import DecoderConfig
 from ember_core.runner import dtype_probe
 
 CPU = torch.device("cpu")
-TINY = LlamaConfig(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96)
+TINY = DecoderConfig.from_hf({
+    "model_type": "llama", "vocab_size": 64, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 96,
+})  # fmt: skip
 
 
 def test_explicit_dtypes_and_cpus_without_native_bf16_are_not_probed() -> None:
@@ -27,7 +31,7 @@ def test_explicit_dtypes_and_cpus_without_native_bf16_are_not_probed() -> None:
 
 def test_the_probe_times_one_layers_linears_in_both_dtypes_and_logs_the_figures(caplog: pytest.LogCaptureFixture) -> None:
     with torch.device("meta"):
-        model = Llama(TINY)
+        model = Decoder(TINY)
     assert dtype_probe._layer_linear_shapes(model) == [(64, 128), (64, 64), (64, 192), (96, 64)]
     with caplog.at_level(logging.INFO, logger="ember_core.runner.dtype_probe"):
         choice = dtype_probe.faster_cpu_dtype(model)
@@ -42,7 +46,7 @@ def test_the_faster_dtype_is_chosen(monkeypatch: pytest.MonkeyPatch, float32_sec
     timings = {torch.float32: float32_seconds, torch.bfloat16: bfloat16_seconds}
     monkeypatch.setattr(dtype_probe, "_seconds_per_pass", lambda shapes, dtype: timings[dtype])
     with torch.device("meta"):
-        assert dtype_probe.faster_cpu_dtype(Llama(TINY)) is expected
+        assert dtype_probe.faster_cpu_dtype(Decoder(TINY)) is expected
 
 
 def test_the_loader_builds_the_model_in_the_chosen_dtype() -> None:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.activation import silu_and_mul
-from ember_core.models.llama import RMSNorm
+from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import apply_rope, apply_rope_
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
@@ -77,7 +77,7 @@ def test_silu_and_mul_matches_torch(rows: int, width: int) -> None:
 
 
 def test_ops_reject_what_they_cannot_compute() -> None:
-    with pytest.raises(RuntimeError, match="x must be a float32 CPU tensor"):
+    with pytest.raises(RuntimeError, match="x must be a float32 or bfloat16 CPU tensor"):
         cpu_ops.ops().rms_norm(torch.ones(2, 8, dtype=torch.float64), torch.ones(8), 1e-6)
     with pytest.raises(RuntimeError, match="x must be a contiguous \\[rows, 8\\] tensor"):
         cpu_ops.ops().rms_norm(torch.ones(2, 9), torch.ones(8), 1e-6)

@@ -66,20 +66,20 @@ def _layer_with_cache(dtype: torch.dtype, cache_dtype: torch.dtype) -> PagedAtte
 
 def test_start_up_check_rejects_a_flex_path_that_computes_something_else(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = _layer_with_cache(torch.float32, torch.float32)
-    assert choose_decode_attention("flex", layer, torch.float32) == "flex"
+    assert choose_decode_attention("flex", [layer], torch.float32) == "flex"
     assert torch.count_nonzero(layer.key_cache) == 0  # the check's noise is cleared
     monkeypatch.setattr(decode_attention, "flex_decode_attention", lambda q, *args: q * 2)
     with pytest.raises(ValueError, match="'flex' does not work here: AssertionError"):
-        choose_decode_attention("flex", layer, torch.float32)
+        choose_decode_attention("flex", [layer], torch.float32)
     assert torch.count_nonzero(layer.key_cache) == 0
 
 
 def test_explicit_choices_that_cannot_run_here_say_why() -> None:
     with pytest.raises(ValueError, match="needs the KV cache in the model's dtype"):
-        choose_decode_attention("flex", _layer_with_cache(torch.float32, torch.float16), torch.float32)
+        choose_decode_attention("flex", [_layer_with_cache(torch.float32, torch.float16)], torch.float32)
     with pytest.raises(ValueError, match="'kernel' needs ember's C\\+\\+ ops on the CPU for a torch.float16 model over a torch.bfloat16"):
-        choose_decode_attention("kernel", _layer_with_cache(torch.float16, torch.bfloat16), torch.float16)
-    assert choose_decode_attention("sdpa", _layer_with_cache(torch.float32, torch.float32), torch.float32) == "sdpa"
+        choose_decode_attention("kernel", [_layer_with_cache(torch.float16, torch.bfloat16)], torch.float16)
+    assert choose_decode_attention("sdpa", [_layer_with_cache(torch.float32, torch.float32)], torch.float32) == "sdpa"
 
 
 def test_config_rejects_an_unknown_decode_attention(gpt2_dir) -> None:

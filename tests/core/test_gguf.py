@@ -18,8 +18,8 @@ from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import SMALL_BATCH_ROWS, GGUFBlockLinear, StackedBlockLinear
 from ember_core.loaders.gguf_loader import FastGGUFReader, load_gguf
 from ember_core.loaders.gguf_tensors import dequantize
-from ember_core.models.llama import Llama
-from ember_core.models.rotary import apply_rope, rope_cos_sin
+from ember_core.models.decoder import Decoder
+from ember_core.models.rotary import apply_rope
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
@@ -110,7 +110,7 @@ def test_unpermuted_qk_with_rotate_half_gives_ggml_attention_scores(
     llm: LLM, raw_tensors: dict[str, gguf.ReaderTensor], layer: int
 ) -> None:
     """Raw GGUF rows under ggml's interleaved rope == ember's rows under HF's rotate_half rope."""
-    model: Llama = llm.engine.runner.model
+    model: Decoder = llm.engine.runner.model
     config = model.config
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
@@ -125,17 +125,17 @@ def test_unpermuted_qk_with_rotate_half_gives_ggml_attention_scores(
     ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog near the river bank")
     positions = torch.tensor([0, 1, 2, 3, 9, 33, 100, 513, 1000, 2047, 4096, 8191, 5, 6][: len(ids)])
     with torch.no_grad():
-        hidden = model.layers[layer].input_layernorm(model.embed_tokens(torch.tensor(ids)))
+        hidden = model.layers[layer].attn_in_norm(model.embed_tokens(torch.tensor(ids)))
     num_tokens = len(ids)
 
     def project(weight: torch.Tensor, num: int) -> torch.Tensor:
         return (hidden @ weight.t()).view(num_tokens, num, head_dim)
 
     ggml = _scores(
-        _ggml_rope(project(raw_q, heads).double(), positions, config.rope_theta),
-        _ggml_rope(project(raw_k, kv_heads).double(), positions, config.rope_theta),
+        _ggml_rope(project(raw_q, heads).double(), positions, model.ropes[0].theta),
+        _ggml_rope(project(raw_k, kv_heads).double(), positions, model.ropes[0].theta),
     )
-    cos, sin = rope_cos_sin(positions, model.inv_freq, torch.float32)
+    cos, sin = model.ropes[0].cos_sin(positions, torch.float32)
     ours = _scores(apply_rope(project(q_weight, heads), cos, sin), apply_rope(project(k_weight, kv_heads), cos, sin))
     wrong = _scores(apply_rope(project(raw_q, heads), cos, sin), apply_rope(project(raw_k, kv_heads), cos, sin))
     scale = ggml.abs().max()
@@ -147,15 +147,20 @@ def test_unpermuted_qk_with_rotate_half_gives_ggml_attention_scores(
 # --- against transformers ----------------------------------------------------------------------
 
 
+def model_rope(llm: LLM):
+    (rope,) = llm.engine.runner.model.ropes
+    return rope
+
+
 def test_config_from_metadata(llm: LLM, reference: transformers.LlamaForCausalLM) -> None:
     config, hf_config = llm.engine.runner.model.config, reference.config
     assert (config.num_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
     assert (config.num_heads, config.num_kv_heads, config.head_dim) == (9, 3, 64)
     assert config.num_kv_heads == hf_config.num_key_value_heads
-    assert config.rope_theta == hf_config.rope_parameters["rope_theta"] == 100000.0
+    assert model_rope(llm).theta == hf_config.rope_parameters["rope_theta"] == 100000.0
     assert config.rms_norm_eps == pytest.approx(hf_config.rms_norm_eps)
     assert (config.vocab_size, config.max_position_embeddings) == (49152, 8192)
-    assert config.tie_word_embeddings and config.rope_scaling is None
+    assert config.tie_word_embeddings and model_rope(llm).scaling is None
     assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
 
 
@@ -281,7 +286,7 @@ def _decode_q4_1(raw: np.ndarray) -> np.ndarray:
         ("blk.3.ffn_down.weight", "layers.3.mlp.down_proj.weight", slice(None), _decode_q4_1),
         ("blk.3.ffn_up.weight", "layers.3.mlp.gate_up_proj.weight", slice(1536, None), _decode_q4_1),
         ("blk.3.attn_v.weight", "layers.3.self_attn.qkv_proj.weight", slice(576 + 192, None), _decode_q4_1),
-        ("blk.3.attn_norm.weight", "layers.3.input_layernorm.weight", slice(None), None),
+        ("blk.3.attn_norm.weight", "layers.3.attn_in_norm.weight", slice(None), None),
     ],
 )
 def test_file_tensors_dequantized_into_the_right_parameters(
@@ -493,8 +498,9 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
     hf_model.load_state_dict(stored)
     models = _logits_match_with_blocks_and_dequantized(tmp_path / "tiny.gguf", hf_model)
     for keep_blocks, model in models.items():
-        assert not model.config.tie_word_embeddings and model.config.attention_bias
-        assert model.config.rope_freq_factors is not None and max(model.config.rope_freq_factors) == 8.0
+        assert not model.config.tie_word_embeddings and model.config.qkv_bias and model.config.o_bias
+        freq_factors = model.ropes[0].freq_factors
+        assert freq_factors is not None and max(freq_factors) == 8.0
         layer = model.layers[1]
         block_layers = [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj]
         assert all(isinstance(m, GGUFBlockLinear) == keep_blocks for m in block_layers)
@@ -505,7 +511,7 @@ def test_synthetic_gguf_loads_and_matches_transformers(tmp_path: Path) -> None:
     assert context_cost_per_position(models[True]) == context_cost_per_position(models[False])  # stacked parts count once
 
 
-def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[bool, Llama]:
+def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers.LlamaForCausalLM) -> dict[bool, Decoder]:
     """Load the file with and without keeping its blocks; both give hf_model's logits, and the same bits.
     Returns the two models by keep_blocks."""
     num_tokens = SMALL_BATCH_ROWS + 16  # the prefill path; the last 5 tokens again go through the block kernel
@@ -520,7 +526,7 @@ def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers
         blocks = list(range(num_tokens // 8))
         runner = ModelRunner(model, num_blocks=len(blocks), block_size=8)
         with torch.inference_mode():
-            chunks = [SequenceChunk(prompt, 0, blocks, None), SequenceChunk(prompt[-5:], num_tokens - 5, blocks, None)]
+            chunks = [SequenceChunk(prompt, 0, [blocks], None), SequenceChunk(prompt[-5:], num_tokens - 5, [blocks], None)]
             logits[keep_blocks] = [model.compute_logits(runner.forward_hidden([chunk])) for chunk in chunks]
         torch.testing.assert_close(logits[keep_blocks][0], expected, rtol=0, atol=1e-4)
         torch.testing.assert_close(logits[keep_blocks][1], expected[-5:], rtol=0, atol=1e-4)

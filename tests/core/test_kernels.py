@@ -135,6 +135,63 @@ def test_float32_query_over_a_narrower_cache(kernel: None, cache_dtype: torch.dt
     torch.testing.assert_close(out.double(), reference(case), atol=1e-5, rtol=0)
 
 
+def _windowed(case: Case, window: int) -> Case:
+    """The case as a sliding-window layer's block tables hold it: blocks wholly before a sequence's
+    window dropped (-1, as the block manager leaves them) and the slots before it NaN, so a read of
+    either shows up."""
+    block_size = case.key_cache.shape[1]
+    key_cache, value_cache, tables = case.key_cache.clone(), case.value_cache.clone(), case.block_tables.clone()
+    for b, context_len in enumerate(case.context_lens.tolist()):
+        first = max(0, context_len - window)
+        for position in range(first):
+            block = int(case.block_tables[b, position // block_size])
+            key_cache[block, position % block_size] = value_cache[block, position % block_size] = float("nan")
+        tables[b, : first // block_size] = -1
+    return with_changes(case, key_cache=key_cache, value_cache=value_cache, block_tables=tables)
+
+
+def windowed_reference(case: Case, window: int, softcap: float) -> torch.Tensor:
+    """reference() over each query's last `window` positions, its scores soft-capped first (0: none)."""
+    outputs = []
+    group = case.query.shape[1] // case.key_cache.shape[2]
+    for b, context_len in enumerate(case.context_lens.tolist()):
+        table = case.block_tables[b, : -(-context_len // case.key_cache.shape[1])].long().clamp(min=0)
+        first = max(0, context_len - window) if window else 0
+        keys = case.key_cache[table].flatten(0, 1)[first:context_len].double().repeat_interleave(group, dim=1)
+        values = case.value_cache[table].flatten(0, 1)[first:context_len].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,lhd->hl", case.query[b].double(), keys) * case.scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        outputs.append(torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), values))
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("window", "softcap"), [(0, 2.0), (7, 0.0), (100, 0.0), (16, 50.0)])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_sliding_windows_and_soft_capped_scores(
+    kernel: None, dtype: torch.dtype, window: int, softcap: float, block_size: int
+) -> None:
+    """Gemma 2's soft-capped logits and the sliding windows of Mistral and Gemma: a query reads only
+    its window's blocks, and its output bits are its own, alone or batched."""
+    context_lens = [1, 7, 8, block_size + 1, 100, 101, 300, 613]
+    case = make_case(context_lens, num_kv_heads=2, group=3, head_dim=64, block_size=block_size, dtype=dtype, seed=3)
+    if window:
+        case = _windowed(case, window)
+    out = cpu_ops.paged_decode_attention(
+        case.query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, case.scale, softcap, window
+    )
+    expected = windowed_reference(case, window, softcap)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype] * (2 if softcap else 1), rtol=0)
+    assert not torch.allclose(expected, windowed_reference(case, 0, 0.0).nan_to_num(), atol=TOLERANCE[dtype])
+    for b in (0, 5, 7):
+        alone = cpu_ops.paged_decode_attention(
+            case.query[b : b + 1], case.key_cache, case.value_cache, case.block_tables[b : b + 1],
+            case.context_lens[b : b + 1], case.scale, softcap, window,
+        )
+        assert torch.equal(alone, out[b : b + 1])
+
+
 def test_supported_dtype_pairs_are_exactly_those_the_kernel_runs(kernel: None) -> None:
     dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
     for query_dtype in dtypes:

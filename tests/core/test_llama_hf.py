@@ -1,4 +1,4 @@
-"""ember's Llama against transformers on small random-weight HF checkpoints, in float32."""
+"""ember's decoder as Llama against transformers on small random-weight HF checkpoints, in float32."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from ember_core import LLM, SamplingParams
 from ember_core.layers.block_embedding import GGUFBlockEmbedding
 from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders import load_model
-from ember_core.models.llama import Llama, LlamaConfig
+from ember_core.models.decoder import Decoder
+from ember_core.models.decoder_config import DecoderConfig
 from ember_core.models.rotary import RopeScaling
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
@@ -101,7 +102,7 @@ def _reference_logits(model: transformers.LlamaForCausalLM, prompt: list[int]) -
 def test_config_from_hf_checkpoint(checkpoint: tuple[Path, transformers.LlamaForCausalLM]) -> None:
     model_dir, hf_model = checkpoint
     loaded = load_model(str(model_dir), torch.device("cpu"), torch.float32)
-    config: LlamaConfig = loaded.model.config
+    config: DecoderConfig = loaded.model.config
     hf_config = hf_model.config
     assert config.num_kv_heads == hf_config.num_key_value_heads
     assert config.tie_word_embeddings == hf_config.tie_word_embeddings
@@ -128,7 +129,7 @@ def test_logits_match_transformers_in_a_mixed_batch(checkpoint: tuple[Path, tran
         for index, count in enumerate(step):
             if count:
                 start = done[index]
-                chunks.append(SequenceChunk(prompts[index][start : start + count], start, tables[index], None))
+                chunks.append(SequenceChunk(prompts[index][start : start + count], start, [tables[index]], None))
                 owners.append(index)
                 done[index] += count
         with torch.inference_mode():
@@ -156,26 +157,30 @@ def test_greedy_continuations_match_transformers(checkpoint: tuple[Path, transfo
 
 
 def test_config_from_hf_rejects_what_it_cannot_run() -> None:
-    base = {"vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16}
+    base = {
+        "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 16,
+    }  # fmt: skip
     with pytest.raises(ValueError, match="rope scaling type 'dynamic'"):
-        LlamaConfig.from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
-    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
-        LlamaConfig.from_hf({**base, "hidden_act": "gelu"})
+        DecoderConfig.from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        DecoderConfig.from_hf({**base, "hidden_act": "relu"})
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        LlamaConfig.from_hf({**base, "num_key_value_heads": 3})
-    old_style = LlamaConfig.from_hf({**base, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}})
-    assert (old_style.rope_theta, old_style.rope_scaling) == (5e5, RopeScaling("linear", 2.0))
+        DecoderConfig.from_hf({**base, "num_key_value_heads": 3})
+    old_style = DecoderConfig.from_hf({**base, "rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    rope = old_style.layers[0].rope
+    assert (rope.theta, rope.scaling) == (5e5, RopeScaling("linear", 2.0))
 
 
 def test_load_weights_names_the_tensor_that_does_not_fit() -> None:
     hf_model = _hf_model("gqa_tied", num_key_value_heads=2, tie_word_embeddings=False)
     weights = dict(hf_model.state_dict())
-    model = Llama(LlamaConfig.from_hf(hf_model.config.to_dict()))
-    with pytest.raises(ValueError, match=r"missing Llama weights: \['layers.1.mlp.up_proj.weight'\]"):
+    model = Decoder(DecoderConfig.from_hf(hf_model.config.to_dict()))
+    with pytest.raises(ValueError, match=r"missing llama weights: \['layers.1.mlp.up_proj.weight'\]"):
         model.load_weights((name, w) for name, w in weights.items() if name != "model.layers.1.mlp.up_proj.weight")
     with pytest.raises(ValueError, match="'layers.0.self_attn.k_proj.weight' has shape"):
         model.load_weights({**weights, "model.layers.0.self_attn.k_proj.weight": torch.zeros(64, 64)}.items())
-    with pytest.raises(ValueError, match="unexpected Llama weight 'layers.0.mlp.extra.weight'"):
+    with pytest.raises(ValueError, match="unexpected llama weight 'layers.0.mlp.extra.weight'"):
         model.load_weights({**weights, "model.layers.0.mlp.extra.weight": torch.zeros(1)}.items())
 
 

@@ -1,0 +1,153 @@
+"""A DecoderConfig from a GGUF file's metadata, read as llama.cpp reads each `general.architecture`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gguf
+
+from ember_core.loaders.gguf_tensors import ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, dequantize
+from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec
+from ember_core.models.family import GGUF_ARCHITECTURES, Family
+from ember_core.models.rotary import Rope, RopeScaling
+
+_REQUIRED = object()
+# What llama.cpp fixes per architecture where the file says nothing: which layers slide (every
+# n-th attends globally, unless attention.sliding_window_pattern says), the sliding layers' RoPE
+# base, the activation.
+_WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6}
+_LOCAL_ROPE_BASE = {"gemma3": 10_000.0}
+_GELU_ARCHITECTURES = ("gemma2", "gemma3")
+# llama.cpp scales Gemma's 27B queries by (hidden / heads)^-1/2, the others by head_dim^-1/2; it tells
+# them by their layer count.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def metadata(reader: gguf.GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
+    """A scalar or string metadata value."""
+    field = reader.fields.get(key)
+    if field is None:
+        if default is _REQUIRED:
+            raise ValueError(f"GGUF file has no {key!r} metadata")
+        return default
+    if field.types[0] == gguf.GGUFValueType.ARRAY:
+        raise ValueError(f"GGUF metadata {key!r} is an array; ember expects one value")
+    part = field.parts[field.data[0]]
+    return part.tobytes().decode("utf-8") if field.types[0] == gguf.GGUFValueType.STRING else part[0].item()
+
+
+def gguf_family(reader: gguf.GGUFReader) -> tuple[str, Family]:
+    architecture = metadata(reader, "general.architecture")
+    if architecture not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {architecture!r} is not supported; ember loads {sorted(GGUF_ARCHITECTURES)} GGUF files"
+        )
+    if metadata(reader, f"{architecture}.expert_count", 0):
+        raise ValueError(f"mixture-of-experts {architecture} GGUF files are not supported")
+    return architecture, GGUF_ARCHITECTURES[architecture]
+
+
+def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
+    architecture, family = gguf_family(reader)
+
+    def value(key: str, default: Any = _REQUIRED) -> Any:
+        return metadata(reader, f"{architecture}.{key}", default)
+
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    hidden, num_layers = value("embedding_length"), value("block_count")
+    num_heads = value("attention.head_count")
+    head_dim = value("attention.key_length", hidden // num_heads)
+    context_length = value("context_length")
+    rope = Rope(
+        head_dim=head_dim,
+        rotary_dim=value("rope.dimension_count", head_dim),
+        theta=float(value("rope.freq_base", 10000.0)),
+        scaling=_rope_scaling(reader, architecture, context_length, tensors),
+        freq_factors=_factors(tensors.get(ROPE_FREQS)),
+    )
+    window = value("attention.sliding_window", None) or None  # Phi-3 files write 0 for none
+    slides = _sliding_layers(reader, architecture, num_layers)
+    layers = tuple(LayerSpec(window if window and sliding else None, rope) for sliding in slides)
+    if architecture in _LOCAL_ROPE_BASE:
+        local = Rope(rope.head_dim, rope.rotary_dim, float(value("rope.freq_base_swa", _LOCAL_ROPE_BASE[architecture])))
+        layers = tuple(LayerSpec(layer.sliding_window, local if layer.sliding_window else rope) for layer in layers)
+    scale = value("attention.scale", None)
+    if scale is None and value("block_count") == _GEMMA_27B_LAYERS.get(architecture):
+        scale = (hidden // num_heads) ** -0.5
+    return DecoderConfig(
+        family=family,
+        vocab_size=int(tensors["token_embd.weight"].shape[-1]),  # ggml's ne: [hidden, vocab]
+        max_position_embeddings=context_length,
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_kv_heads=value("attention.head_count_kv", num_heads),
+        head_dim=head_dim,
+        intermediate_size=value("feed_forward_length"),
+        layers=layers,
+        rms_norm_eps=value("attention.layer_norm_rms_epsilon"),
+        activation=ACTIVATIONS["gelu_pytorch_tanh" if architecture in _GELU_ARCHITECTURES else "silu"],
+        qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        o_bias="blk.0.attn_output.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
+        query_scale=scale,
+        attn_logit_softcap=value("attn_logit_softcapping", None) if family.attn_logit_softcapping else None,
+        final_logit_softcap=value("final_logit_softcapping", None) if family.final_logit_softcapping else None,
+        tie_word_embeddings="output.weight" not in tensors,
+        bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
+    )
+
+
+def _sliding_layers(reader: gguf.GGUFReader, architecture: str, num_layers: int) -> list[bool]:
+    """Per layer, whether it slides (given a window): attention.sliding_window_pattern's flag per
+    layer, or all but every n-th layer (its number, or llama.cpp's for the architecture), or all."""
+    field = reader.fields.get(f"{architecture}.attention.sliding_window_pattern")
+    if field is not None and field.types[0] == gguf.GGUFValueType.ARRAY:
+        flags = [bool(flag) for flag in field.contents()]
+        if len(flags) != num_layers:
+            raise ValueError(f"attention.sliding_window_pattern lists {len(flags)} layers, the model has {num_layers}")
+        return flags
+    period = (field.contents() if field is not None else None) or _WINDOW_PATTERNS.get(architecture)
+    return [period is None or (index + 1) % period != 0 for index in range(num_layers)]
+
+
+def _factors(tensor: Any) -> tuple[float, ...] | None:
+    return None if tensor is None else tuple(dequantize(tensor).flatten().tolist())
+
+
+def _rope_scaling(reader: gguf.GGUFReader, architecture: str, context_length: int, tensors: dict) -> RopeScaling | None:
+    def value(key: str, default: Any = _REQUIRED) -> Any:
+        return metadata(reader, f"{architecture}.rope.{key}", default)
+
+    kind = value("scaling.type", None)
+    if ROPE_FACTORS_LONG in tensors:  # Phi-3's LongRoPE: its factors as tensors
+        original = value("scaling.original_context_length")
+        params = {
+            "rope_type": "longrope",
+            "original_max_position_embeddings": original,
+            "short_factor": _factors(tensors[ROPE_FACTORS_SHORT]),
+            "long_factor": _factors(tensors[ROPE_FACTORS_LONG]),
+        }
+        if (attention_factor := value("scaling.attn_factor", None)) is not None:
+            params["attention_factor"] = attention_factor
+        return RopeScaling.from_hf(params, context_length)
+    if kind is None:
+        scale_linear = value("scale_linear", None)  # the key before rope.scaling.*
+        return None if scale_linear in (None, 1.0) else RopeScaling("linear", float(scale_linear))
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", float(value("scaling.factor")))
+    if kind == "yarn":
+        params = {
+            "rope_type": "yarn",
+            "factor": value("scaling.factor"),
+            "original_max_position_embeddings": value("scaling.original_context_length"),
+            "beta_fast": value("scaling.yarn_beta_fast", None),
+            "beta_slow": value("scaling.yarn_beta_slow", None),
+        }
+        return RopeScaling.from_hf(params, context_length)
+    raise ValueError(
+        f"unsupported GGUF rope scaling type {kind!r}; ember supports 'none', 'linear', 'yarn' and Phi-3's LongRoPE "
+        "factors (llama3 comes as rope_freqs)"
+    )

@@ -1,0 +1,229 @@
+"""One decoder for the Llama-like families (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2):
+RMSNorms where the family puts them, grouped-query attention over the paged KV cache with optional
+q/k norms, biases, partial rotary, sliding windows and soft-capped logits, and a gated MLP (SwiGLU or
+GeGLU). The families differ only in DecoderConfig's switches (models/family.py).
+
+q/k/v and gate/up run as one fused Linear each; load_weights fills them from the separate HF tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ember_core.kernels import cpu_ops
+from ember_core.layers.activation import GATED_ACTIVATIONS
+from ember_core.layers.attention import ForwardMetadata, PagedAttention
+from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
+from ember_core.models.decoder_config import DecoderConfig, LayerSpec
+from ember_core.models.family import NORM_SLOTS
+from ember_core.models.norm import RMSNorm
+from ember_core.models.rotary import Rope, apply_rope_
+
+IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # saved by old transformers versions; recomputed here
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: LayerSpec) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        qk_norm = config.family.qk_norm
+        self.q_norm = self.k_norm = None
+        if qk_norm != "none":
+            per_head = qk_norm == "head"
+            self.q_norm = RMSNorm(config.head_dim if per_head else self.q_size, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim if per_head else self.kv_size, config.rms_norm_eps)
+        self.attn = PagedAttention(
+            config.num_heads, config.num_kv_heads, config.head_dim, config.scale, layer.sliding_window,
+            config.attn_logit_softcap,
+        )
+
+    def qk_norm_groups(self, num_heads: int) -> int:
+        """How many vectors a norm of num_heads heads' columns splits them into: one per head, or one."""
+        return num_heads if self.q_norm is not None and self.q_norm.weight.shape[0] == self.head_dim else 1
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        if self.q_norm is not None:
+            for norm, start, heads in ((self.q_norm, 0, self.num_heads), (self.k_norm, self.q_size, self.num_kv_heads)):
+                columns = qkv[:, start : start + heads * self.head_dim]
+                norm.forward_(columns.view(num_tokens, self.qk_norm_groups(heads), -1))
+        heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        apply_rope_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)  # one rotation for q and k
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(q, k, v, meta))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.act_and_mul = GATED_ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig, layer: LayerSpec) -> None:
+        super().__init__()
+        self.config = config
+        self.rope = layer.rope
+        for slot in NORM_SLOTS:
+            norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
+            setattr(self, f"{slot}_norm", norm)
+        self.self_attn = Attention(config, layer)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
+        if (
+            meta.decodes_only_on_kernel
+            and hidden.dtype in (torch.float32, torch.bfloat16)
+            and hidden.shape[0] <= SMALL_BATCH_ROWS
+            and self.fused_operands is not None
+        ):
+            return self.forward_fused_(hidden, cos, sin, meta)
+        return self.forward_modules(hidden, cos, sin, meta)
+
+    def forward_modules(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
+        attention = self.self_attn(_normed(self.attn_in_norm, hidden), cos, sin, meta)
+        hidden = hidden + _normed(self.attn_out_norm, attention)
+        return hidden + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))
+
+    @functools.cached_property
+    def fused_operands(self) -> tuple[tuple, tuple, tuple, tuple] | None:
+        """(norms, weights, biases, formats) as decoder_layer_ takes them; None when a linear is one it
+        does not take. Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode
+        step. The runner swaps the linears before the first step and loading copies into the same
+        tensors, so they do not change afterwards."""
+        attention, mlp = self.self_attn, self.mlp
+        operands = [kernel_operands(linear) for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(operand is None for operand in operands):
+            return None
+        weights, biases, formats = zip(*operands)
+        norms = [getattr(self, f"{slot}_norm") for slot in NORM_SLOTS] + [attention.q_norm, attention.k_norm]
+        return tuple(None if norm is None else norm.weight for norm in norms), weights, biases, formats
+
+    def forward_fused_(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
+        """forward_modules as one C++ call with the same bits (the same ops in the same order), adding
+        into hidden in place; for decode steps on CPU, where the modules' eager ops cost ~20% of a step."""
+        attention = self.self_attn.attn
+        group = meta.groups[attention.kv_group]
+        norms, weights, biases, formats = self.fused_operands
+        cpu_ops.ops().decoder_layer_(
+            hidden, norms, self.config.rms_norm_eps, weights, biases, formats, self.config.activation == "gelu_tanh",
+            cos, sin, attention.key_cache, attention.value_cache, group.slot_mapping, group.decode_block_tables,
+            group.decode_context_lens, attention.num_heads, attention.scale, attention.softcap or 0.0,
+            group.sliding_window or 0,
+        )
+        return hidden
+
+
+def _normed(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+    return x if norm is None else norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in config.layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.tie_word_embeddings:
+            self.lm_head = tied_head(self.embed_tokens)
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.ropes: tuple[Rope, ...] = tuple(dict.fromkeys(layer.rope for layer in config.layers))
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        if self.config.embedding_scale is not None:  # as transformers: the scale rounded to the model's dtype
+            hidden = hidden * torch.tensor(self.config.embedding_scale).to(hidden.dtype)
+        tables = {
+            rope: rope.cos_sin(positions, hidden.dtype, rope.use_long_table(positions, meta.prompt_lengths))
+            for rope in self.ropes
+        }
+        for layer in self.layers:
+            hidden = layer(hidden, *tables[layer.rope], meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def fused_shards(self) -> dict[str, list[tuple[str, int]]]:
+        """Fused parameter -> the HF tensors stacked in its rows, in order, with their row counts."""
+        c = self.config
+        if c.family.fused_checkpoint:
+            return {}
+        q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        return {
+            "self_attn.qkv_proj": [("self_attn.q_proj", q_rows), ("self_attn.k_proj", kv_rows), ("self_attn.v_proj", kv_rows)],
+            "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)],
+        }
+
+    def hf_names(self) -> dict[str, str]:
+        """ember's parameter name -> the checkpoint's, where they differ by more than a fused shard: the norms."""
+        renames = {}
+        for index in range(self.config.num_layers):
+            for slot in NORM_SLOTS:
+                hf_name = self.config.family.norm_name(slot)
+                if hf_name is not None:
+                    renames[f"layers.{index}.{slot}_norm.weight"] = f"layers.{index}.{hf_name}.weight"
+        return renames
+
+    def _weight_slots(self) -> dict[str, tuple[torch.Tensor, slice]]:
+        """Every expected checkpoint tensor (HF name without `model.`) -> the parameter rows it fills."""
+        fused_shards, renames = self.fused_shards(), self.hf_names()
+        slots: dict[str, tuple[torch.Tensor, slice]] = {}
+        for name, param in self.named_parameters():
+            for fused, shards in fused_shards.items():
+                if f".{fused}." in name:
+                    start = 0
+                    for shard, rows in shards:
+                        slots[name.replace(fused, shard)] = (param, slice(start, start + rows))
+                        start += rows
+                    break
+            else:
+                slots[renames.get(name, name)] = (param, slice(None))
+        return slots
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], norm_offset: float | None = None) -> None:
+        """HF names (`model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`). norm_offset is
+        added to every norm weight: by default the family's (Gemma stores w of its (1 + w)); GGUF
+        files store the sum already."""
+        family = self.config.family.name
+        if norm_offset is None:
+            norm_offset = self.config.family.norm_weight_offset
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight  # `to_empty` gave the head its own tensor
+        slots = self._weight_slots()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name.endswith(IGNORED_WEIGHTS) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue  # a tied head saved anyway is the embedding again
+            if name not in slots:
+                raise ValueError(f"unexpected {family} weight {name!r}")
+            param, rows = slots[name]
+            with torch.no_grad():
+                target = param[rows]
+                if tensor.shape != target.shape:
+                    raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+                if norm_offset and name.endswith("norm.weight"):
+                    tensor = tensor.float() + norm_offset
+                target.copy_(tensor)
+            loaded.add(name)
+        missing = slots.keys() - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing {family} weights: {sorted(missing)[:5]}")

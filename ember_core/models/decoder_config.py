@@ -1,0 +1,137 @@
+"""A decoder's sizes and switches, resolved once from a family and a checkpoint's config (HF
+config.json here; GGUF metadata in loaders/gguf_config.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ember_core.models.family import FAMILIES, Family
+from ember_core.models.rotary import Rope
+
+Activation = Literal["silu", "gelu_tanh"]
+ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    sliding_window: int | None  # None: the layer attends to every earlier position
+    rope: Rope
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    family: Family
+    vocab_size: int
+    max_position_embeddings: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    layers: tuple[LayerSpec, ...]
+    rms_norm_eps: float = 1e-6
+    activation: Activation = "silu"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    query_scale: float | None = None  # None: head_dim^-1/2
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        for index, layer in enumerate(self.layers):
+            if layer.rope.head_dim != self.head_dim:
+                raise ValueError(f"layer {index} rotates heads of {layer.rope.head_dim} dims, not head_dim {self.head_dim}")
+            if layer.sliding_window is not None and layer.sliding_window < 1:
+                raise ValueError(f"layer {index}: sliding_window must be >= 1, got {layer.sliding_window}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
+
+    @property
+    def embedding_scale(self) -> float | None:
+        return math.sqrt(self.hidden_size) if self.family.scaled_embeddings else None
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        return (self.eos_token_id,) if isinstance(self.eos_token_id, int) else tuple(self.eos_token_id)
+
+    @classmethod
+    def from_hf(cls, hf_config: dict[str, Any]) -> DecoderConfig:
+        family = FAMILIES[hf_config["model_type"]]
+        cfg = family.with_defaults(hf_config)
+        activation = cfg.get(family.activation_key) or cfg.get("hidden_act") or "silu"
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unsupported {family.name} activation {activation!r}; ember supports {sorted(ACTIVATIONS)}")
+        num_heads = cfg["num_attention_heads"]
+        attention_bias = bool(cfg.get("attention_bias", False))
+        eos = cfg.get("eos_token_id")
+        layer_types = hf_layer_types(family, cfg)
+        ropes = {kind: Rope.from_hf(cfg, kind) for kind in set(layer_types)}
+        window = cfg.get("sliding_window")
+        return cls(
+            family=family,
+            vocab_size=cfg["vocab_size"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            hidden_size=cfg["hidden_size"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            intermediate_size=cfg["intermediate_size"],
+            layers=tuple(LayerSpec(window if kind == SLIDING else None, ropes[kind]) for kind in layer_types),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            activation=ACTIVATIONS[activation],
+            qkv_bias=attention_bias or family.attention_bias == "qkv",
+            o_bias=attention_bias and family.attention_bias == "config",
+            mlp_bias=family.reads_mlp_bias and bool(cfg.get("mlp_bias", False)),
+            query_scale=cfg["query_pre_attn_scalar"] ** -0.5 if family.query_pre_attn_scalar else None,
+            attn_logit_softcap=cfg.get("attn_logit_softcapping") if family.attn_logit_softcapping else None,
+            final_logit_softcap=cfg.get("final_logit_softcapping") if family.final_logit_softcapping else None,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        )
+
+
+def hf_layer_types(family: Family, cfg: dict[str, Any]) -> list[str]:
+    """SLIDING or FULL per layer: config.json's `layer_types`, else the family's rule for older configs."""
+    num_layers = cfg["num_hidden_layers"]
+    if cfg.get("sliding_window") is None or family.window_layers == "none":
+        return [FULL] * num_layers
+    if family.window_layers == "all":  # Mistral's and Phi-3's attention ignore layer_types
+        return [SLIDING] * num_layers
+    if family.window_layers == "from_max_window_layers" and not cfg.get("use_sliding_window"):
+        return [FULL] * num_layers
+    if cfg.get("layer_types") is not None:
+        layer_types = list(cfg["layer_types"])
+        if len(layer_types) != num_layers or not set(layer_types) <= {SLIDING, FULL}:
+            raise ValueError(f"config.json: layer_types must list {SLIDING!r} or {FULL!r} for each of the {num_layers} layers")
+        return layer_types
+    if family.window_layers == "from_max_window_layers":
+        return [SLIDING if i >= cfg["max_window_layers"] else FULL for i in range(num_layers)]
+    if family.window_layers == "pattern":
+        pattern = cfg.get("_sliding_window_pattern") or cfg["sliding_window_pattern"]  # transformers 5 writes the first
+        return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+    return [FULL] * num_layers

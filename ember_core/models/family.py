@@ -1,0 +1,111 @@
+"""The Llama-like model families as data: the handful of switches in which they differ, read by the
+one decoder (models/decoder.py), the checkpoint loaders and the fused C++ decode layer.
+
+A new family is a row here and a test against transformers' own class with random weights. What a
+checkpoint's config.json sets (sizes, windows, soft-cap values, RoPE) is read from it; a family says
+how to read it and what its architecture fixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# Where a layer's RMSNorms sit: before / after attention, before / after the MLP.
+NormSlot = Literal["attn_in", "attn_out", "mlp_in", "mlp_out"]
+NORM_SLOTS: tuple[NormSlot, ...] = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+# Which layers slide when config.json has no `layer_types` (configs written before transformers 4.5x):
+# none; all of them when `sliding_window` is set; Qwen's layers from `max_window_layers` on when
+# `use_sliding_window`; all but every `sliding_window_pattern`-th (Gemma 2: 2, Gemma 3: 6).
+WindowLayers = Literal["none", "all", "from_max_window_layers", "pattern"]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    # The checkpoint's name of each norm a layer has, by slot; a slot not listed has no norm.
+    norms: tuple[tuple[NormSlot, str], ...]
+    # Gemma's norms multiply by (1 + w) and store w: the loaders add this to the HF weights.
+    norm_weight_offset: float = 0.0
+    # q and k RMSNorms after their projections: over each head (Qwen 3, Gemma 3), or over the whole
+    # projection (OLMo 2).
+    qk_norm: Literal["none", "head", "projection"] = "none"
+    # "config": q, k, v and o take config.json's attention_bias; "qkv": q, k and v always carry a
+    # bias and o never does (Qwen 2).
+    attention_bias: Literal["config", "qkv"] = "config"
+    # Whether config.json's mlp_bias is read (Llama); elsewhere the MLP has no bias.
+    reads_mlp_bias: bool = False
+    activation_key: str = "hidden_act"
+    # Checkpoints store q/k/v as one qkv_proj and gate/up as one gate_up_proj (Phi-3).
+    fused_checkpoint: bool = False
+    # Embeddings scaled by sqrt(hidden_size), queries by query_pre_attn_scalar^-1/2 (Gemma).
+    scaled_embeddings: bool = False
+    query_pre_attn_scalar: bool = False
+    # Attention logits soft-capped by config.json's attn_logit_softcapping (Gemma 2; Gemma 3's
+    # attention ignores the key).
+    attn_logit_softcapping: bool = False
+    final_logit_softcapping: bool = False
+    window_layers: WindowLayers = "none"
+    # What transformers' config class of the family assumes for keys config.json omits.
+    config_defaults: tuple[tuple[str, Any], ...] = ()
+    # Whether llama.cpp's converter interleaves q/k rows for its rope (the `llama` architecture).
+    gguf_permuted_qk: bool = False
+
+    def norm_name(self, slot: NormSlot) -> str | None:
+        return dict(self.norms).get(slot)
+
+    def with_defaults(self, hf_config: dict[str, Any]) -> dict[str, Any]:
+        """config.json's keys over the family's defaults (a key set to null stays null)."""
+        return {**dict(self.config_defaults), **hf_config}
+
+
+_LLAMA_NORMS: tuple[tuple[NormSlot, str], ...] = (("attn_in", "input_layernorm"), ("mlp_in", "post_attention_layernorm"))
+_GEMMA_NORMS: tuple[tuple[NormSlot, str], ...] = (
+    ("attn_in", "input_layernorm"),
+    ("attn_out", "post_attention_layernorm"),
+    ("mlp_in", "pre_feedforward_layernorm"),
+    ("mlp_out", "post_feedforward_layernorm"),
+)
+_GEMMA = dict(
+    norms=_GEMMA_NORMS, norm_weight_offset=1.0, activation_key="hidden_activation", scaled_embeddings=True,
+    query_pre_attn_scalar=True, final_logit_softcapping=True, window_layers="pattern",
+)
+_GEMMA_DEFAULTS = (
+    ("head_dim", 256), ("hidden_activation", "gelu_pytorch_tanh"), ("query_pre_attn_scalar", 256),
+    ("sliding_window", 4096), ("tie_word_embeddings", True),
+)
+_QWEN_DEFAULTS = (("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 28))
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        Family("llama", _LLAMA_NORMS, reads_mlp_bias=True, gguf_permuted_qk=True),
+        Family("mistral", _LLAMA_NORMS, window_layers="all", config_defaults=(("sliding_window", 4096),),
+               gguf_permuted_qk=True),
+        Family("qwen2", _LLAMA_NORMS, attention_bias="qkv", window_layers="from_max_window_layers",
+               config_defaults=_QWEN_DEFAULTS),
+        Family("qwen3", _LLAMA_NORMS, qk_norm="head", window_layers="from_max_window_layers",
+               config_defaults=(*_QWEN_DEFAULTS, ("head_dim", 128))),
+        Family("gemma2", **_GEMMA, attn_logit_softcapping=True, config_defaults=(
+            *_GEMMA_DEFAULTS, ("sliding_window_pattern", 2), ("attn_logit_softcapping", 50.0),
+            ("final_logit_softcapping", 30.0),
+        )),
+        Family("gemma3_text", **_GEMMA, qk_norm="head", config_defaults=(
+            *_GEMMA_DEFAULTS, ("sliding_window_pattern", 6), ("rope_theta", 1_000_000.0), ("rope_local_base_freq", 10_000.0),
+        )),
+        Family("phi3", _LLAMA_NORMS, fused_checkpoint=True, window_layers="all"),
+        Family("olmo2", (("attn_out", "post_attention_layernorm"), ("mlp_out", "post_feedforward_layernorm")),
+               qk_norm="projection"),
+    )
+}  # fmt: skip
+
+# llama.cpp's `general.architecture` -> family (Mistral's files say llama).
+GGUF_ARCHITECTURES: dict[str, Family] = {
+    "llama": FAMILIES["llama"],
+    "qwen2": FAMILIES["qwen2"],
+    "qwen3": FAMILIES["qwen3"],
+    "gemma2": FAMILIES["gemma2"],
+    "gemma3": FAMILIES["gemma3_text"],
+    "phi3": FAMILIES["phi3"],
+    "olmo2": FAMILIES["olmo2"],
+}

@@ -1,0 +1,237 @@
+"""What llama.cpp's convert_hf_to_gguf.py does differently per family, as one row each: the GGUF
+architecture, the hyperparameter keys it writes, the weight transformations and extra tensors.
+
+Differences from convert_hf_to_gguf.py, each so that the file means what the checkpoint means:
+gemma2 also writes `rope.freq_base` (convert leaves llama.cpp's default 10,000), and gemma2/gemma3
+write `attention.sliding_window_pattern` when the checkpoint's layer_types differ from the pattern
+llama.cpp assumes (every 2nd / every 6th layer global).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+
+Config = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GGUFFamily:
+    arch: gguf.MODEL_ARCH
+    write_hparams: Callable[[Config, gguf.GGUFWriter], None]
+    permute_qk: bool = False  # llama.cpp's llama rope pairs dims (i, i+1); HF rotates halves
+    norm_shift: float = 0.0  # Gemma's RMSNorm scales by (1 + w); llama.cpp by w
+    conv1d_weights: bool = False  # GPT-2 stores linear weights [in, out]
+    output_must_be_tied: bool = False  # llama.cpp's gemma2 always reuses token_embd as the output
+    extra_tensors: Callable[[Config], list[tuple[str, np.ndarray]]] = field(default=lambda config: [])
+
+
+def rope_parameters(config: Config) -> Config:
+    """The full-attention RoPE parameters, from transformers 5's rope_parameters or the older
+    rope_scaling + rope_theta; rope_type is set when scaling is."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    params = dict(params.get("full_attention", params))
+    if "rope_type" not in params and "type" in params:
+        params["rope_type"] = params["type"]
+    for key in ("rope_theta", "partial_rotary_factor", "original_max_position_embeddings"):
+        if key not in params and config.get(key) is not None:
+            params[key] = config[key]
+    return params
+
+
+def head_dim(config: Config) -> int:
+    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+
+def _decoder_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    """convert_hf_to_gguf.py's TextModel.set_gguf_parameters, for the keys these families have."""
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config.get("num_key_value_heads") or config["num_attention_heads"])
+    rope = rope_parameters(config)
+    _add_rope_scaling(rope, writer)
+    if rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    swa_rope = (config.get("rope_parameters") or {}).get("sliding_attention", {})
+    if swa_rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base_swa(swa_rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config.get("head_dim") is not None:
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+
+
+def _add_rope_scaling(rope: Config, writer: gguf.GGUFWriter) -> None:
+    kind = (rope.get("rope_type") or "default").lower()
+    factor = rope.get("factor")
+    if kind == "linear" and factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(factor)
+    elif kind == "yarn" and factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(factor)
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        optional = {
+            "extrapolation_factor": writer.add_rope_scaling_yarn_ext_factor,
+            "attention_factor": writer.add_rope_scaling_yarn_attn_factor,
+            "beta_fast": writer.add_rope_scaling_yarn_beta_fast,
+            "beta_slow": writer.add_rope_scaling_yarn_beta_slow,
+        }
+        for key, add in optional.items():
+            if rope.get(key) is not None:
+                add(rope[key])
+    elif kind in ("longrope", "su"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    elif kind not in ("default", "llama3", "dynamic"):  # llama3 is the rope_freqs tensor
+        raise ValueError(f"unsupported RoPE type {kind!r}; supported: default, linear, yarn, longrope, llama3, dynamic")
+
+
+def _llama_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    _decoder_hparams(config, writer)
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_rope_dimension_count(head_dim(config))
+
+
+def _llama3_rope_freqs(config: Config) -> list[tuple[str, np.ndarray]]:
+    """Llama 3.1's frequency-dependent RoPE scaling, as per-dimension divisors of the frequency."""
+    rope = rope_parameters(config)
+    if (rope.get("rope_type") or "").lower() != "llama3":
+        return []
+    dim = head_dim(config)
+    base = rope.get("rope_theta", 10000.0)
+    factor = rope.get("factor", 8.0)
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old_context = rope.get("original_max_position_embeddings", 8192)
+    factors = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)):
+        wavelength = 2 * math.pi / freq
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return [("rope_freqs.weight", np.asarray(factors, dtype=np.float32))]
+
+
+def _sliding_layers(config: Config) -> list[bool]:
+    return [kind == "sliding_attention" for kind in config.get("layer_types") or []]
+
+
+def _add_sliding_window(config: Config, writer: gguf.GGUFWriter, llama_cpp_period: int) -> None:
+    """The window, and the per-layer pattern when llama.cpp's fixed one would be wrong."""
+    writer.add_sliding_window(config["sliding_window"])
+    sliding = _sliding_layers(config)
+    assumed = [layer % llama_cpp_period < llama_cpp_period - 1 for layer in range(config["num_hidden_layers"])]
+    if sliding and sliding != assumed:
+        writer.add_sliding_window_pattern(sliding)
+
+
+def _gemma2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    _decoder_hparams(config, writer)
+    writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+    writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    _add_sliding_window(config, writer, llama_cpp_period=2)
+
+
+def _gemma3_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    if config.get("attn_logit_softcapping") is not None:
+        raise ValueError("gemma3 has no attention logit soft-capping in llama.cpp; attn_logit_softcapping must be null")
+    _decoder_hparams(config, writer)
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if any(_sliding_layers(config)):  # without the key llama.cpp runs every layer global
+        _add_sliding_window(config, writer, llama_cpp_period=6)
+
+
+def _phi3_rope(config: Config) -> tuple[Config, int, int]:
+    rope = rope_parameters(config)
+    rotary_dims = int(rope.get("partial_rotary_factor", 1.0) * config["hidden_size"]) // config["num_attention_heads"]
+    original_context = rope.get("original_max_position_embeddings", config["max_position_embeddings"])
+    return rope, rotary_dims, original_context
+
+
+def _phi3_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    rope, rotary_dims, original_context = _phi3_rope(config)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(original_context)
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config.get("num_key_value_heads") or config["num_attention_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(rotary_dims)
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(config.get("sliding_window") or 0)  # 0 marks Phi-4: no window
+    if rope.get("long_factor"):
+        scale = config["max_position_embeddings"] / original_context
+        kind = rope["rope_type"].lower()
+        if kind not in ("longrope", "su", "yarn"):
+            raise ValueError(f"phi3 long/short RoPE factors with rope type {kind!r}; expected longrope or yarn")
+        if scale <= 1.0:
+            attn_factor = 1.0
+        elif kind == "yarn":
+            attn_factor = 0.1 * math.log(scale) + 1.0
+        else:
+            attn_factor = math.sqrt(1 + math.log(scale) / math.log(original_context))
+        writer.add_rope_scaling_attn_factors(attn_factor)
+
+
+def _phi3_rope_factors(config: Config) -> list[tuple[str, np.ndarray]]:
+    rope, rotary_dims, _ = _phi3_rope(config)
+    if not rope.get("long_factor"):
+        return []
+    long_factors, short_factors = rope["long_factor"], rope.get("short_factor") or []
+    if len(long_factors) != rotary_dims // 2 or len(short_factors) != rotary_dims // 2:
+        raise ValueError(
+            f"phi3 long_factor and short_factor must have {rotary_dims // 2} entries each, "
+            f"got {len(long_factors)} and {len(short_factors)}"
+        )
+    return [
+        ("rope_factors_long.weight", np.asarray(long_factors, dtype=np.float32)),
+        ("rope_factors_short.weight", np.asarray(short_factors, dtype=np.float32)),
+    ]
+
+
+def _gpt2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    writer.add_block_count(config["n_layer"])
+    writer.add_context_length(config.get("n_ctx") or config["n_positions"])
+    writer.add_embedding_length(config["n_embd"])
+    writer.add_feed_forward_length(4 * config["n_embd"])
+    writer.add_head_count(config["n_head"])
+    writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+
+
+_LLAMA = GGUFFamily(gguf.MODEL_ARCH.LLAMA, _llama_hparams, permute_qk=True, extra_tensors=_llama3_rope_freqs)
+
+# config.json `architectures[0]` -> how its GGUF is written
+FAMILIES: dict[str, GGUFFamily] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,  # llama.cpp has no sliding window for the llama architecture
+    "Qwen2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN2, _decoder_hparams),
+    "Qwen3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN3, _decoder_hparams),
+    "Olmo2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.OLMO2, _decoder_hparams),
+    "Gemma2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA2, _gemma2_hparams, norm_shift=1.0, output_must_be_tied=True),
+    "Gemma3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA3, _gemma3_hparams, norm_shift=1.0),
+    "Phi3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),
+    "GPT2LMHeadModel": GGUFFamily(gguf.MODEL_ARCH.GPT2, _gpt2_hparams, conv1d_weights=True),
+}
+
+
+def family_of(config: Config) -> GGUFFamily:
+    architectures = config.get("architectures") or []
+    if not architectures or architectures[0] not in FAMILIES:
+        raise ValueError(
+            f"cannot export architecture {architectures[0] if architectures else None!r} to GGUF; "
+            f"supported: {', '.join(FAMILIES)}"
+        )
+    return FAMILIES[architectures[0]]

@@ -1,0 +1,89 @@
+"""Every family from GGUF files written from the same random weights as llama.cpp's converter writes
+them (ember_bench.gguf_export): an F32 file gives transformers' greedy tokens alone and batched, and a
+Q8_0 file run from its blocks gives the greedy tokens of transformers holding the file's dequantized
+weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from ember_bench.gguf_export import export_gguf
+from ember_core import LLM, SamplingParams
+from ember_core.layers.linear import GGUFBlockLinear
+from ember_core.loaders.gguf_loader import load_gguf
+from ember_core.models.decoder import Decoder
+from tests.families import FAMILIES, token_prompts, write_checkpoint
+
+# What a GGUF file cannot say, so llama.cpp reads these otherwise: a window in the llama
+# architecture (Mistral), Qwen 2's sliding layers, a Gemma query scale other than head_dim^-1/2.
+GGUF_OVERRIDES = {
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(use_sliding_window=False),
+    "gemma2": dict(query_pre_attn_scalar=16),
+}
+PROMPT_LENGTHS = (3, 20, 70)
+MAX_TOKENS = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    family = request.param
+    model_dir = tmp_path_factory.mktemp(family)
+    hf_model = write_checkpoint(family, model_dir, **GGUF_OVERRIDES.get(family, {}))
+    return hf_model, {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}
+
+
+def _greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()
+
+
+def _ember_greedy(path: Path, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
+    llm = LLM(str(path), num_blocks=256, block_size=4, device="cpu", dtype="float32")
+    alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
+    return alone, [output.token_ids for output in llm.generate(prompts, GREEDY)]
+
+
+def test_an_f32_file_gives_transformers_greedy_tokens(files) -> None:
+    hf_model, paths = files
+    prompts = token_prompts(PROMPT_LENGTHS)
+    expected = [_greedy(hf_model, prompt) for prompt in prompts]
+    assert _ember_greedy(paths["F32"], prompts) == (expected, expected)
+
+
+def _with_weights_of(hf_model: transformers.PreTrainedModel, model: Decoder) -> transformers.PreTrainedModel:
+    """hf_model holding the float32 values ember expanded from a file, in the checkpoint's layout."""
+    slots = model._weight_slots()
+    offset = model.config.family.norm_weight_offset
+    state = {}
+    for name in hf_model.state_dict():
+        key = name.removeprefix("model.")
+        if key not in slots:  # a tied head
+            continue
+        param, rows = slots[key]
+        value = param.detach()[rows]
+        state[name] = value - offset if key.endswith("norm.weight") else value
+    reference = type(hf_model)(hf_model.config).eval()
+    reference.load_state_dict(state, strict=False)
+    reference.tie_weights()
+    return reference
+
+
+def test_a_q8_0_file_run_from_its_blocks_gives_the_greedy_tokens_of_its_values(files) -> None:
+    hf_model, paths = files
+    blocks, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=True)
+    assert isinstance(blocks.layers[0].self_attn.qkv_proj, GGUFBlockLinear)
+    dequantized, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=False)
+    reference = _with_weights_of(hf_model, dequantized)
+    prompts = token_prompts(PROMPT_LENGTHS, seed=7)
+    expected = [_greedy(reference, prompt) for prompt in prompts]
+    original = hf_model.state_dict()
+    assert any(not torch.equal(value, original[name]) for name, value in reference.state_dict().items())
+    assert _ember_greedy(paths["Q8_0"], prompts) == (expected, expected)
