@@ -41,9 +41,9 @@ def grammar_of(spec: StructuredOutputs) -> str:
             raise StructuredOutputError(kind, f"the JSON schema is not JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise StructuredOutputError(kind, "a JSON schema is an object (or true / false)")
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        grammar = _bounded_whitespace_json_grammar(schema)
     elif kind == "json_object":
-        grammar = llguidance.LLMatcher.grammar_from_json_schema({"type": "object"})
+        grammar = _bounded_whitespace_json_grammar({"type": "object"})
     elif kind == "regex":
         grammar = llguidance.LLMatcher.grammar_from_regex(spec.regex)
     elif kind == "choice":
@@ -61,6 +61,22 @@ def grammar_of(spec: StructuredOutputs) -> str:
     if error and not error.startswith("WARNING"):
         raise StructuredOutputError(kind, f"invalid {kind}: {error.strip()}")
     return grammar
+
+
+# Between JSON tokens: one space, or one line break and an indentation up to six levels deep. Free
+# whitespace (llguidance's default) lets a small model wander into runs of blank lines until
+# max_tokens; no whitespace at all turns models that pretty-print into ones that never close an array.
+JSON_WHITESPACE = r"(?:[ \t]?|\r?\n(?: {0,24}|\t{0,6}))"
+
+
+def _bounded_whitespace_json_grammar(schema: dict | bool) -> str:
+    """llguidance's JSON grammar with JSON_WHITESPACE, unless the schema gives its own `x-guidance`
+    options (llguidance's: whitespace_flexible, whitespace_pattern, ...)."""
+    if schema is True:
+        schema = {}
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    return llguidance.LLMatcher.grammar_from_json_schema(schema)
 
 
 class _TokenizerView:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import llguidance
 import pytest
 
 from ember_core import LLM, SamplingParams
@@ -132,3 +133,39 @@ def test_unconstrained_neighbours_keep_their_greedy_tokens(llm: LLM) -> None:
     constrained = SamplingParams(max_tokens=24, temperature=0, structured_outputs=StructuredOutputs(json=json.dumps(SCHEMA)))
     mixed = llm.generate(PROMPTS * 2, [plain] * len(PROMPTS) + [constrained] * len(PROMPTS))
     assert [o.token_ids for o in mixed[: len(PROMPTS)]] == [o.token_ids for o in alone]
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        ('{"a": [1, 2]}', True),
+        ('{\n  "a": [\n    1,\n    2\n  ]\n}', True),  # pretty-printed, indented
+        ('{\n\t"a":\t1}', True),
+        ('{\n\n"a": 1}', False),  # a blank line
+        ('{"a":  1}', False),  # a run of spaces
+        ("{\n" + " " * 25 + '"a": 1}', False),  # deeper than six levels of four
+    ],
+)
+def test_json_whitespace_is_bounded_between_tokens(text: str, accepted: bool) -> None:
+    schema = {"type": "object", "properties": {"a": {}}}
+    assert _accepts(grammar_of(StructuredOutputs(json=json.dumps(schema))), text) == accepted
+
+
+def test_a_schemas_own_whitespace_option_wins() -> None:
+    flexible = {"type": "object", "x-guidance": {"whitespace_flexible": True}}
+    assert _accepts(grammar_of(StructuredOutputs(json=json.dumps(flexible))), '{\n\n\n  }')
+
+
+class _ByteTokenizer:
+    """One token per byte, and an end-of-text token: llguidance's TokenizerWrapper reads these."""
+
+    eos_token_id, bos_token_id, special_token_ids = 256, None, [256]
+    tokens = [bytes([b]) for b in range(256)] + [b""]
+
+    def __call__(self, text: str) -> list[int]:
+        return list(text.encode())
+
+
+def _accepts(grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer())), grammar)
+    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()

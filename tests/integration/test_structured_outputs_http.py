@@ -100,14 +100,14 @@ def test_the_sdk_reassembles_a_streamed_tool_call(client: openai.OpenAI) -> None
     tool = openai.pydantic_function_tool(GetWeather, name="get_weather", description="Current weather of a city")
     with client.chat.completions.stream(
         model="smol", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[tool], tool_choice="required",
-        temperature=0, max_tokens=60,
+        parallel_tool_calls=False, temperature=0, max_tokens=60,
     ) as stream:
         events = [event.type for event in stream]
         completion = stream.get_final_completion()
     assert "tool_calls.function.arguments.done" in events
     choice = completion.choices[0]
     assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls  # a pydantic tool is strict: one call, parsed by the SDK
+    (call,) = choice.message.tool_calls  # parsed by the SDK: a pydantic tool is strict
     assert call.id.startswith("call_") and call.function.name == "get_weather"
     assert isinstance(call.function.parsed_arguments, GetWeather)
 
