@@ -104,15 +104,20 @@ async def test_a_forced_call_is_constrained_to_the_function_s_parameters(replyin
     assert json.loads(engine.received[-1].sampling.structured_outputs.json)["type"] == "array"
 
 
+# A conversation whose assistant turn called get_weather and whose tool turn answered it.
+ANSWERED_CALL = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+]
+
+
 async def test_a_conversation_with_calls_and_results_reaches_the_model_as_text(replying, start_gateway: StartGateway):
     engine = await replying("It is 21 degrees.")
     gateway: Gateway = await start_gateway(engine)
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
-    ]
+    messages = ANSWERED_CALL
     status, body = await gateway.post("/v1/chat/completions", chat(messages=messages, max_tokens=17))
     assert status == 200 and body["choices"][0]["message"]["content"] == "It is 21 degrees."
     prompt = engine.tokenizer.decode(engine.received[-1].prompt_token_ids)
@@ -124,13 +129,7 @@ async def test_a_llama_3_template_gets_the_tools_and_its_json_calls_are_read(rep
     reply = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}'
     engine = await replying(reply, LLAMA3_TEMPLATE)
     gateway = await start_gateway(engine)
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
-        {"role": "user", "content": "And in Rome?"},
-    ]
+    messages = [*ANSWERED_CALL, {"role": "user", "content": "And in Rome?"}]
     status, body = await gateway.post("/v1/chat/completions", chat(messages=messages, max_tokens=len(engine.reply_ids)))
     choice = body["choices"][0]
     assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -185,12 +184,7 @@ async def test_a_qwen_template_renders_the_tools_itself_and_its_hermes_calls_are
 ):
     engine = await replying(f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>", family_template(template_name))
     gateway = await start_gateway(engine)
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
-    ]
+    messages = ANSWERED_CALL
     status, body = await gateway.post("/v1/chat/completions", chat(messages=messages, max_tokens=len(engine.reply_ids)))
     choice = body["choices"][0]
     assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
