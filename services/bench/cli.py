@@ -157,6 +157,21 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     make_model.set_defaults(bench_handler=_make_model)
     add_log_level_argument(make_model, default=argparse.SUPPRESS)
 
+    families = commands.add_parser(
+        "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
+    )
+    families.add_argument("--families", default="llama,qwen2,qwen3,mistral,gemma2,gemma3,phi3,olmo2", metavar="F1,F2,...",
+                          help="the first is the baseline")
+    families.add_argument("--type", default="Q8_0", metavar="TYPE", help="the GGUF type the models are written in")
+    families.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    families.add_argument("--batch", type=int, default=16, help="sequences decoding together")
+    families.add_argument("--prompt-len", type=int, default=128, help="each sequence's context before decoding")
+    families.add_argument("--steps", type=int, default=24, help="decode steps timed per round")
+    families.add_argument("--rounds", type=int, default=3, help="every family once per round, interleaved")
+    families.add_argument("--output-json", metavar="PATH")
+    families.set_defaults(bench_handler=_families)
+    add_log_level_argument(families, default=argparse.SUPPRESS)
+
     export = commands.add_parser("export-gguf", help="write a Hugging Face checkpoint directory as a GGUF file")
     export.add_argument("model_dir", metavar="DIR")
     export.add_argument("--out", required=True, metavar="FILE")
@@ -325,6 +340,33 @@ def _make_model(args: argparse.Namespace) -> int:
     print(f"wrote {model_dir}")
     for file_type in args.gguf:
         print(f"wrote {export_gguf(model_dir, model_dir / f'model-{file_type}.gguf', file_type)}")
+    return 0
+
+
+def _families(args: argparse.Namespace) -> int:
+    from ember_bench.family_steps import SHAPE, run_families
+    from ember_bench.offline import environment
+    from ember_bench.report import write_json
+    from ember_core.device import resolve_device
+    from ember_core.runner.dtype_probe import dtype_for_model
+
+    device = resolve_device("cpu")
+    names = _names(args.families)
+    print(f"decode step at batch {args.batch}, {args.prompt_len}-token contexts, {args.type} GGUF, {args.dtype}; "
+          f"shape {SHAPE}", file=sys.stderr)
+    print("| family | step ms (median of rounds) | x first | rounds ms |\n|---|---|---|---|", file=sys.stderr)
+    steps = []
+    for step in run_families(names, args.type, dtype_for_model(args.dtype, device), args.dtype, args.batch,
+                             args.prompt_len, args.steps, args.rounds, device):
+        steps.append(step)
+        rounds = ", ".join(f"{ms:.1f}" for ms in step.rounds_ms)
+        print(f"| {step.family} | {step.step_ms:.1f} | {step.ratio_to(steps[0]):.2f} | {rounds} |", file=sys.stderr)
+    if args.output_json:
+        options = {name: value for name, value in vars(args).items() if not callable(value)}
+        write_json(args.output_json, {
+            "benchmark": "families", "timestamp": _now(), "config": {**options, "shape": SHAPE},
+            "environment": environment(), "steps": [dataclasses.asdict(step) for step in steps],
+        })
     return 0
 
 
