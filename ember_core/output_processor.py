@@ -70,7 +70,9 @@ class ChoiceResult:
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer | None, choices: list[ChoiceRequest], stop_token_ids: Iterable[int]) -> None:
         """Updates are numbered by position in choices. stop_token_ids: the model's (EOS, end of turn)."""
-        self._texts = [OutputText(tokenizer, _stop_rules(choice.params)) for choice in choices]
+        self._texts = [
+            OutputText(tokenizer, _stop_rules(choice.params), choice.params.skip_special_tokens) for choice in choices
+        ]
         self._stop_token_ids = [frozenset(stop_token_ids).union(choice.params.stop_token_ids) for choice in choices]
         self._finished = [False] * len(choices)
 

@@ -43,6 +43,8 @@ class SamplingParams:
     # include_stop_str_in_output. Stop strings count only from min_tokens tokens on.
     stop: str | tuple[str, ...] | list[str] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's: leave control tokens' text (<|im_end|>, [TOOL_CALLS], ...) out of the output's text
+    skip_special_tokens: bool = True
     stop_token_ids: tuple[int, ...] | list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0

@@ -18,10 +18,14 @@ class StopRules:
 
 
 class OutputText:
-    def __init__(self, tokenizer: Tokenizer | None, rules: StopRules = StopRules()) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, rules: StopRules = StopRules(), skip_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
         # An output continues its prompt: a SentencePiece-style leading space is text here.
-        self._detokenizer = IncrementalDetokenizer(tokenizer, at_text_start=False) if tokenizer is not None else None
+        self._detokenizer = (
+            IncrementalDetokenizer(tokenizer, skip_special_tokens, at_text_start=False) if tokenizer is not None else None
+        )
         self._rules = rules
         self._stops = StopStringMatcher(rules.strings, rules.include_in_output)
         self._num_tokens = 0

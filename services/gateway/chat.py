@@ -35,6 +35,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         prompt_param="messages",
         tool_constraint=None if tools is None else tool_constraint(tools),
+        keep_special_tokens=tools is not None and tools.reads_control_tokens,
     )
     return await respond(
         request,

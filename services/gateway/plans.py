@@ -22,8 +22,10 @@ def build_choices(
     prompt_param: str,
     prompt_logprobs: int | None = None,
     tool_constraint: StructuredOutputs | None = None,
+    keep_special_tokens: bool = False,
 ) -> list[ChoiceRequest]:
-    """max_tokens None: as many as the context leaves. tool_constraint: the calls a tool_choice allows."""
+    """max_tokens None: as many as the context leaves. tool_constraint: the calls a tool_choice allows.
+    keep_special_tokens: whatever the request says, for a tool parser that reads a control token."""
     vocab_size = model.card.vocab_size
     _check_token_ids(body.stop_token_ids or [], vocab_size, "stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab_size)
@@ -45,7 +47,8 @@ def build_choices(
         raise ApiError(400, "structured outputs need a tokenizer and this model has none")
     try:
         return fan_out([
-            (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias, structured_outputs))
+            (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias, structured_outputs,
+                                      body.skip_special_tokens and not keep_special_tokens))
             for prompt, budget in zip(prompts, budgets)
         ])
     except SamplingParamError as exc:  # a rule across fields: the schema checked each alone
@@ -59,6 +62,7 @@ def _sampling_params(
     prompt_logprobs: int | None,
     logit_bias: dict[int, float] | None,
     structured_outputs: StructuredOutputs | None,
+    skip_special_tokens: bool,
 ) -> SamplingParams:
     """The request's fields, OpenAI's defaults where it left them out."""
     return SamplingParams(
@@ -71,6 +75,7 @@ def _sampling_params(
         seed=body.seed,
         stop=body.stop,
         include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=skip_special_tokens,
         stop_token_ids=body.stop_token_ids,
         ignore_eos=body.ignore_eos,
         min_tokens=body.min_tokens,

@@ -45,6 +45,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     min_tokens: limits.TOKEN_COUNT.type = 0
     stop_token_ids: list[limits.TOKEN_ID.type] | None = None
     include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or stop token's text
+    skip_special_tokens: bool = True  # vLLM's: control tokens' text left out of the output
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
     presence_penalty: limits.PENALTY.type | None = None
     frequency_penalty: limits.PENALTY.type | None = None

@@ -47,6 +47,12 @@ class ToolPlan:
     def constrained(self) -> bool:
         return self.choice != "auto"
 
+    @property
+    def reads_control_tokens(self) -> bool:
+        """Mistral's vocabularies make [TOOL_CALLS] a control token, whose text the output keeps
+        only when special tokens are not skipped (as vLLM's Mistral parser asks too)."""
+        return self.syntax == "mistral" and not self.constrained
+
     def functions(self) -> list[dict[str, Any]]:
         return [tool["function"] for tool in self.tools]
 

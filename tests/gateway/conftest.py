@@ -80,12 +80,13 @@ ReplyingEngine = Callable[..., Awaitable[FakeEngine]]
 
 @pytest.fixture
 async def replying() -> AsyncIterator[ReplyingEngine]:
-    """replying(text, chat_template=CHATML) -> a started fake engine whose every answer is text."""
+    """replying(text, chat_template=CHATML, control_tokens=()) -> a started fake engine whose every
+    answer is text (control tokens written in it are those tokens)."""
     engines: list[FakeEngine] = []
 
-    async def start(reply: str, chat_template: str = CHATML) -> FakeEngine:
+    async def start(reply: str, chat_template: str = CHATML, control_tokens: tuple[str, ...] = ()) -> FakeEngine:
         engine = FakeEngine(f"tcp://127.0.0.1:{free_port()}", reply_text=reply, max_model_len=4096,
-                            tokenizer_spec=byte_tokenizer_spec(chat_template))
+                            tokenizer_spec=byte_tokenizer_spec(chat_template, control_tokens))
         await engine.start()
         engines.append(engine)
         return engine

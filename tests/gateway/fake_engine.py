@@ -47,10 +47,11 @@ CHATML = (
 )
 
 
-def byte_tokenizer_spec(chat_template: str | None = CHATML) -> TokenizerSpec:
-    """One token per byte (ids 0-255) plus ChatML specials: small, and every multi-byte
-    character spans several tokens."""
+def byte_tokenizer_spec(chat_template: str | None = CHATML, control_tokens: tuple[str, ...] = ()) -> TokenizerSpec:
+    """One token per byte (ids 0-255) plus ChatML specials and control_tokens: small, and every
+    multi-byte character spans several tokens."""
     specials = {EOS: 256, "<|im_start|>": 257, "<|im_end|>": 258}
+    specials.update({token: 259 + index for index, token in enumerate(control_tokens)})
     return TokenizerSpec(
         pattern=GPT2,
         mergeable_ranks={bytes([byte]): byte for byte in range(256)},
@@ -91,7 +92,8 @@ class FakeEngine:
     def __post_init__(self) -> None:
         spec = self.tokenizer_spec
         self.tokenizer = Tokenizer.from_spec(spec) if spec is not None else None
-        self.reply_ids = self.tokenizer.encode(self.reply_text) if self.tokenizer else list(range(1, 40))
+        # as a model writes it: a control token's text in the reply is that token
+        self.reply_ids = self.tokenizer.encode(self.reply_text, allow_special=True) if self.tokenizer else list(range(1, 40))
         self._running: dict[str, _Running] = {}
         self._gateways: set[bytes] = set()
         self._step = 0

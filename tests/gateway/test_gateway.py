@@ -159,6 +159,16 @@ async def test_include_stop_str_in_output_keeps_the_stop_string(gateway: Gateway
     assert body["choices"][0]["text"] == "Hello, world" and body["choices"][0]["finish_reason"] == "stop"
 
 
+async def test_skip_special_tokens_false_keeps_control_tokens_text(replying, start_gateway: StartGateway):
+    engine = await replying("Hello <|im_start|>world")
+    gateway = await start_gateway(engine)
+    request = completion(max_tokens=len(engine.reply_ids))
+    _, body = await gateway.post("/v1/completions", request)
+    assert body["choices"][0]["text"] == "Hello world"
+    _, body = await gateway.post("/v1/completions", {**request, "skip_special_tokens": False})
+    assert body["choices"][0]["text"] == "Hello <|im_start|>world"
+
+
 async def test_min_tokens_holds_back_stop_strings(gateway: Gateway, fake_engine: FakeEngine):
     # The fake engine writes "Hello, world! ...", one byte per token: the "l" of token 3 is too early.
     _, body = await gateway.post("/v1/completions", completion(max_tokens=40, stop=["l"], min_tokens=4))
