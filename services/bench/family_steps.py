@@ -38,6 +38,9 @@ FAMILY_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+KV_CACHE_MIB = 64  # 16 sequences of 154 tokens of any family's SHAPE fit
+
+
 @dataclass(frozen=True)
 class FamilyStep:
     family: str
@@ -58,7 +61,10 @@ def family_gguf(family: str, out_dir: Path, file_type: str) -> Path:
 
 def decode_step_seconds(loaded: LoadedModel, model: str, dtype: str, batch: int, prompt_len: int, steps: int) -> list[float]:
     """Every step's time once all `batch` sequences decode (prefill done), for `steps` steps."""
-    engine = Engine(EngineConfig(model=model, max_num_seqs=batch, dtype=dtype, enable_prefix_caching=False), loaded)
+    # A pool of about what the batch needs: a default-sized one per run costs page faults and reclaim
+    # that land on whichever family runs next.
+    engine = Engine(EngineConfig(model=model, max_num_seqs=batch, dtype=dtype, enable_prefix_caching=False,
+                                 kv_cache_mib=KV_CACHE_MIB), loaded)
     generator = torch.Generator().manual_seed(0)
     for index in range(batch):
         prompt = torch.randint(10, loaded.vocab_size, (prompt_len,), generator=generator).tolist()
@@ -80,14 +86,15 @@ def run_families(
     families: list[str], file_type: str, load_dtype: DtypeChoice, dtype: str, batch: int, prompt_len: int, steps: int,
     rounds: int, device: torch.device,
 ) -> Iterator[FamilyStep]:
-    """Yield each family's median step after all rounds; every round runs every family."""
+    """Yield each family's median step after all rounds; every round runs every family, each round
+    starting one family later, so none always runs first."""
     with tempfile.TemporaryDirectory(prefix="ember-families-") as scratch:
         models = {family: load_model(str(family_gguf(family, Path(scratch), file_type)), device, load_dtype)
                   for family in families}
         per_round: dict[str, list[float]] = {family: [] for family in families}
-        for _ in range(rounds):
-            for family, loaded in models.items():
-                seconds = decode_step_seconds(loaded, family, dtype, batch, prompt_len, steps)
+        for round_index in range(rounds):
+            for family in families[round_index % len(families):] + families[: round_index % len(families)]:
+                seconds = decode_step_seconds(models[family], family, dtype, batch, prompt_len, steps)
                 per_round[family].append(statistics.median(seconds) * 1e3)
     for family in families:
         yield FamilyStep(family, statistics.median(per_round[family]), per_round[family])
