@@ -12,9 +12,9 @@ sits in memory whole.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import gguf
 import numpy as np

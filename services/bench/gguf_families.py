@@ -10,8 +10,9 @@ llama.cpp assumes (every 2nd / every 6th layer global).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import numpy as np

@@ -19,10 +19,10 @@ from ember_core.loaders import load_model
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.core.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, tiny_model
-from tests.families import FAMILIES
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.core.test_linear import _blocks
 from tests.core.test_llama_hf import CASES, VOCAB, _hf_model
+from tests.families import FAMILIES
 
 pytestmark = pytest.mark.usefixtures("kernel")
 BF16_ULP = 2**-8  # bfloat16's relative rounding step

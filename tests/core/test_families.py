@@ -15,7 +15,7 @@ from ember_core.cache import BlockManager
 from ember_core.loaders import load_model
 from ember_core.models.decoder import Decoder
 from tests.conftest import assert_pool_free
-from tests.families import FAMILIES, VOCAB, WINDOW, token_prompts, write_checkpoint
+from tests.families import FAMILIES, WINDOW, token_prompts, write_checkpoint
 
 # 150 > SMALL_BATCH_ROWS: that prompt's prefill takes the batched SDPA path; every prompt is longer
 # than the windows; Phi-3's LongRoPE turns its long table on past 64 positions.
@@ -52,7 +52,7 @@ def test_the_family_loads_as_the_one_decoder_with_its_switches(checkpoint) -> No
 
 
 def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
-    family, model_dir, hf_model = checkpoint
+    _, model_dir, hf_model = checkpoint
     prompts = token_prompts(PROMPT_LENGTHS)
     expected = [_transformers_greedy(hf_model, prompt) for prompt in prompts]
     llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32")
@@ -66,7 +66,7 @@ def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_block_size_batch_preemption_chunks_and_prefix_cache_do_not_change_tokens(checkpoint, dtype: str) -> None:
     """Prompts within the small-batch rows, whose steps keep every row's bits."""
-    family, model_dir, _ = checkpoint
+    _, model_dir, _ = checkpoint
     prompts = token_prompts((5, 17, 40, 60, 33), seed=99)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = LLM(str(model_dir), num_blocks=512, block_size=16, device="cpu", dtype=dtype, enable_prefix_caching=False)

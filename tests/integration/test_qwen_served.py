@@ -16,7 +16,7 @@ import pytest
 from tests.processes import STARTUP_TIMEOUT_S, free_port, http_status, spawned, wait_until
 
 pytest.importorskip("transformers")
-from ember_bench.random_models import random_checkpoint  # noqa: E402
+from ember_bench.random_models import random_checkpoint
 
 TEMPLATE = Path(__file__).parents[1] / "core" / "data" / "chat_templates" / "qwen2.5-instruct.jinja"
 
