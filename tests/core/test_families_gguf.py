@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 import transformers
@@ -87,3 +88,22 @@ def test_a_q8_0_file_run_from_its_blocks_gives_the_greedy_tokens_of_its_values(f
     original = hf_model.state_dict()
     assert any(not torch.equal(value, original[name]) for name, value in reference.state_dict().items())
     assert _ember_greedy(paths["Q8_0"], prompts) == (expected, expected)
+
+
+def test_an_unknown_architecture_is_refused_naming_those_supported(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
+    writer.add_block_count(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"GGUF architecture 'mamba' is not supported; ember loads \[.*'gemma3'.*'qwen2'"):
+        load_gguf(tmp_path / "mamba.gguf", torch.device("cpu"), torch.float32)
+
+
+def test_an_unknown_model_type_is_refused_naming_those_supported(tmp_path: Path) -> None:
+    write_checkpoint("llama", tmp_path / "model")
+    config_path = tmp_path / "model" / "config.json"
+    config_path.write_text(config_path.read_text().replace('"model_type": "llama"', '"model_type": "mamba"'))
+    with pytest.raises(ValueError, match=r"unsupported model_type 'mamba'; ember supports \[.*'gemma3_text'.*'olmo2'"):
+        LLM(str(tmp_path / "model"), dtype="float32", num_blocks=16)
