@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
-from ember_core.core.engine import Engine
+from ember_core.engine.engine import Engine
 from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
 from ember_core.sampling_params import SamplingParams
 from ember_proto import EngineStats, TokenLogprob

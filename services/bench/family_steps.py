@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ember_core.config import EngineConfig
-from ember_core.core.engine import Engine
+from ember_core.engine.engine import Engine
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.loaders.materialize import DtypeChoice
 from ember_core.sampling_params import SamplingParams

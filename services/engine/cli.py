@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     from ember_core.config import EngineConfig
-    from ember_core.core.engine import Engine
+    from ember_core.engine.engine import Engine
     from ember_engine.worker import EngineWorker, WorkerOptions
 
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from ember_core.core.engine import Engine
+from ember_core.engine.engine import Engine
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
     PROBE_ID_PREFIX,

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from ember_core import LLM, SamplingParams
-from ember_core.core.engine import RequestRejected
+from ember_core.engine.engine import RequestRejected
 
 CACHE_TOKENS = 32  # 8 blocks of 4; the test GPT-2 has 256 positions
 

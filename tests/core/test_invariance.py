@@ -120,7 +120,7 @@ def test_a_request_resumed_after_its_first_tokens_goes_on_with_the_same_tokens(g
 
 
 def test_a_resumed_request_with_no_tokens_left_is_rejected(gpt2_dir) -> None:
-    from ember_core.core.engine import RequestRejected
+    from ember_core.engine.engine import RequestRejected
 
     llm = make_llm(gpt2_dir)
     with pytest.raises(RequestRejected, match="leave none of max_tokens"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ember_core.cache import BlockManager
-from ember_core.core.scheduler import Scheduler, SchedulerOutput
-from ember_core.core.sequence import FinishReason, Sequence, SequenceStatus
+from ember_core.engine.scheduler import Scheduler, SchedulerOutput
+from ember_core.engine.sequence import FinishReason, Sequence, SequenceStatus
 from ember_core.sampling_params import SamplingParams
 
 

@@ -14,8 +14,8 @@ import pytest
 from ember_core.cache import DROPPED_BLOCK, BlockManager
 from ember_core.cache.block_hash import extend_block_hashes
 from ember_core.cache.cache_hit import longest_cache_hit
-from ember_core.core.scheduler import Scheduler, SchedulerOutput
-from ember_core.core.sequence import FinishReason, Sequence
+from ember_core.engine.scheduler import Scheduler, SchedulerOutput
+from ember_core.engine.sequence import FinishReason, Sequence
 from ember_core.sampling_params import SamplingParams
 from tests.core.test_scheduler import make_scheduler, make_seq
 

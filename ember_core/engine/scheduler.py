@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from ember_core.cache.block_hash import extend_block_hashes
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import Admission, Batching
-from ember_core.core.sequence import Sequence, SequenceStatus
+from ember_core.engine.sequence import Sequence, SequenceStatus
 from ember_proto import FinishReason
 
 

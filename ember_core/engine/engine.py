@@ -14,8 +14,8 @@ import torch
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
-from ember_core.core.scheduler import Scheduler, SchedulerOutput
-from ember_core.core.sequence import Sequence
+from ember_core.engine.scheduler import Scheduler, SchedulerOutput
+from ember_core.engine.sequence import Sequence
 from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.loaders import LoadedModel, load_model
