@@ -12,7 +12,7 @@ from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.formats import CompletionFormat, Echo
 from ember_gateway.intake import accept
-from ember_gateway.plans import build_choices
+from ember_gateway.choices import build_choices
 from ember_gateway.respond import respond
 from ember_gateway.schemas import CompletionRequest
 
