@@ -1,0 +1,204 @@
+"""Response bodies as msgspec Structs: openapi.py describes them, and tests/gateway/test_openapi.py
+checks what formats.py, respond.py, tokenize.py and app.py send against them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+FinishLabel = Literal["stop", "length", "tool_calls"]
+
+
+class _Shape(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A response object: exactly these fields (additionalProperties false in the document)."""
+
+
+class ErrorDetail(_Shape):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Shape):
+    """Every 4xx and 5xx body, as OpenAI's; a stream that fails after its 200 sends it as an event."""
+
+    error: ErrorDetail
+
+
+class Usage(_Shape):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(_Shape):
+    token: str
+    logprob: float
+    bytes: list[int] | None  # null without a tokenizer
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Shape):
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None
+
+
+class FunctionCall(_Shape):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Shape):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ToolCallChunk(ToolCall):
+    """A stream sends each call whole, once complete."""
+
+    index: int
+
+
+class ChatCompletionMessage(_Shape):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+
+
+class ChatCompletionChoice(_Shape):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishLabel
+    token_ids: list[int] | UnsetType = UNSET  # with return_token_ids
+
+
+class ChatCompletion(_Shape):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: Usage
+
+
+class ChatCompletionDelta(_Shape):
+    role: Literal["assistant"] | UnsetType = UNSET  # the first chunk of each choice
+    content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallChunk] | UnsetType = UNSET
+
+
+class ChatCompletionChunkChoice(_Shape):
+    index: int
+    delta: ChatCompletionDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishLabel | None
+    token_ids: list[int] | UnsetType = UNSET
+
+
+class ChatCompletionChunk(_Shape):
+    """One `data:` event of a chat stream; with stream_options.include_usage every chunk has usage
+    null, and a last chunk with no choices has the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: Usage | None | UnsetType = UNSET
+
+
+class CompletionLogprobs(_Shape):
+    """An echoed prompt's first token has null logprobs: nothing precedes it."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+    def __add__(self, after: CompletionLogprobs) -> CompletionLogprobs:
+        """The logprobs of a text followed by those of the text after it."""
+        return CompletionLogprobs(
+            tokens=self.tokens + after.tokens,
+            token_logprobs=self.token_logprobs + after.token_logprobs,
+            top_logprobs=self.top_logprobs + after.top_logprobs,
+            text_offset=self.text_offset + after.text_offset,
+        )
+
+
+class CompletionChoice(_Shape):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | UnsetType = UNSET
+
+
+class Completion(_Shape):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunkChoice(_Shape):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"] | None
+    token_ids: list[int] | UnsetType = UNSET
+
+
+class CompletionChunk(_Shape):
+    """One `data:` event of a completions stream; usage as in ChatCompletionChunk."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None | UnsetType = UNSET
+
+
+class Model(_Shape):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int
+
+
+class ModelList(_Shape):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class Health(_Shape):
+    """model and engine_id: the first engine taking requests; models and engines: all of them."""
+
+    status: Literal["ok"]
+    model: str
+    engine_id: str
+    models: list[str]
+    engines: list[str]
+
+
+class TokenizeResponse(_Shape):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None  # with return_token_strs
+
+
+class DetokenizeResponse(_Shape):
+    prompt: str
