@@ -180,8 +180,7 @@ class CompletionFormat:
         if self._logprobs:
             entries = completion_logprobs(self._tokenizer, logprobs, self._offsets[index])
             if echo is not None:
-                prompt = echoed_prompt_logprobs(self._tokenizer, echo.prompt_ids, prompt_logprobs)
-                entries = {key: prompt[key] + entries[key] for key in entries}
+                entries = echoed_prompt_logprobs(self._tokenizer, echo.prompt_ids, prompt_logprobs) + entries
             choice["logprobs"] = entries
         if self._return_token_ids:
             choice["token_ids"] = token_ids

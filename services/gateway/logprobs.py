@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import codecs
 import math
-from typing import Any
 
 from ember_core.tokenizer import Tokenizer
+from ember_gateway.responses import ChatLogprobs, CompletionLogprobs, TopLogprob
+from ember_gateway.responses import TokenLogprob as ChatTokenLogprob
 from ember_proto import TokenLogprob
 
 _NEG_INF_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -inf
@@ -62,7 +63,7 @@ class TextOffsets:
 
 def completion_logprobs(
     tokenizer: Tokenizer | None, entries: list[TokenLogprob], offsets: TextOffsets
-) -> dict[str, Any]:
+) -> CompletionLogprobs:
     """As OpenAI documents, each top_logprobs dict also holds the sampled token."""
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for entry in entries:
@@ -73,40 +74,34 @@ def completion_logprobs(
         token_logprobs.append(_finite(entry.logprob))
         top_logprobs.append(top)
         text_offset.append(offsets.next(entry.token_id))
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": top_logprobs,
-        "text_offset": text_offset,
-    }
+    return CompletionLogprobs(
+        tokens=tokens, token_logprobs=token_logprobs, top_logprobs=top_logprobs, text_offset=text_offset
+    )
 
 
-def echoed_prompt_logprobs(tokenizer: Tokenizer | None, prompt_ids: list[int], entries: list[TokenLogprob]) -> dict[str, Any]:
+def echoed_prompt_logprobs(
+    tokenizer: Tokenizer | None, prompt_ids: list[int], entries: list[TokenLogprob]
+) -> CompletionLogprobs:
     """Completions logprobs of an echoed prompt: its first token has none, nothing precedes it."""
     offsets = TextOffsets(tokenizer, 0, skip_special_tokens=False)
-    first = {"tokens": [token_string(tokenizer, prompt_ids[0])], "token_logprobs": [None], "top_logprobs": [None],
-             "text_offset": [offsets.next(prompt_ids[0])]}
-    rest = completion_logprobs(tokenizer, entries, offsets)
-    return {key: first[key] + rest[key] for key in first}
+    first = CompletionLogprobs(tokens=[token_string(tokenizer, prompt_ids[0])], token_logprobs=[None],
+                               top_logprobs=[None], text_offset=[offsets.next(prompt_ids[0])])
+    return first + completion_logprobs(tokenizer, entries, offsets)
 
 
-def chat_logprobs(tokenizer: Tokenizer | None, entries: list[TokenLogprob]) -> dict[str, Any]:
-    return {
-        "content": [
-            {
-                **_chat_token(tokenizer, entry.token_id, entry.logprob),
-                "top_logprobs": [_chat_token(tokenizer, token_id, logprob) for token_id, logprob in entry.top_logprobs],
-            }
-            for entry in entries
-        ],
-        "refusal": None,
-    }
+def chat_logprobs(tokenizer: Tokenizer | None, entries: list[TokenLogprob]) -> ChatLogprobs:
+    content = []
+    for entry in entries:
+        sampled = _top_logprob(tokenizer, entry.token_id, entry.logprob)
+        top = [_top_logprob(tokenizer, token_id, logprob) for token_id, logprob in entry.top_logprobs]
+        content.append(
+            ChatTokenLogprob(token=sampled.token, logprob=sampled.logprob, bytes=sampled.bytes, top_logprobs=top)
+        )
+    return ChatLogprobs(content=content, refusal=None)
 
 
-def _chat_token(tokenizer: Tokenizer | None, token_id: int, logprob: float) -> dict[str, Any]:
+def _top_logprob(tokenizer: Tokenizer | None, token_id: int, logprob: float) -> TopLogprob:
     data = token_bytes(tokenizer, token_id)
-    return {
-        "token": token_string(tokenizer, token_id),
-        "logprob": _finite(logprob),
-        "bytes": None if data is None else list(data),
-    }
+    return TopLogprob(
+        token=token_string(tokenizer, token_id), logprob=_finite(logprob), bytes=None if data is None else list(data)
+    )
