@@ -9,10 +9,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
+from msgspec import UNSET, UnsetType
 
 from ember_core.output_processor import ChoiceRequest, ChoiceResult
 from ember_gateway.connections import client_half_closed
@@ -20,12 +21,14 @@ from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
 from ember_gateway.formats import ResponseFormat
 from ember_gateway.generation import Generation
+from ember_gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Usage
 from ember_gateway.sse import DONE, open_stream, sse_event
 from ember_gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
 _HEARTBEAT_S = 0.5
+_Enveloped = TypeVar("_Enveloped", ChatCompletion, Completion, ChatCompletionChunk, CompletionChunk)
 
 
 async def respond(
@@ -73,12 +76,12 @@ async def respond(
 
 async def _answer(
     generation: Generation, response_format: ResponseFormat, envelope: _Envelope, num_choices: int
-) -> dict[str, Any]:
+) -> ChatCompletion | Completion:
     results = [ChoiceResult(index) for index in range(num_choices)]
     while (update := await generation.next_update()) is not None:
         results[update.index].add(update)
     body_choices = [response_format.final_choice(result) for result in results]
-    return envelope(response_format.object_name, body_choices, usage=envelope.usage(generation))
+    return envelope(response_format.body_type, response_format.object_name, body_choices, envelope.usage(generation))
 
 
 async def _await_or_heartbeat(
@@ -123,22 +126,24 @@ class _Envelope:
     model_name: str
     prompt_tokens: int
 
-    def __call__(self, object_name: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "object": object_name,
-            "created": self.created,
-            "model": self.model_name,
-            "choices": choices,
-            **extra,
-        }
+    def __call__(
+        self, shape: type[_Enveloped], object_name: str, choices: list[Any], usage: Usage | None | UnsetType
+    ) -> _Enveloped:
+        return shape(
+            id=self.request_id,
+            object=object_name,
+            created=self.created,
+            model=self.model_name,
+            choices=choices,
+            usage=usage,
+        )
 
-    def usage(self, generation: Generation) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": generation.completion_tokens,
-            "total_tokens": self.prompt_tokens + generation.completion_tokens,
-        }
+    def usage(self, generation: Generation) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            total_tokens=self.prompt_tokens + generation.completion_tokens,
+        )
 
 
 async def _stream(
@@ -159,10 +164,12 @@ async def _stream(
     if response is None:
         first.result()  # an engine's refusal: raised as its HTTP status
         response = await open_stream(request)
-    usage_field = {"usage": None} if include_usage else {}
+    # include_usage: null on every chunk, then a last chunk with the usage (as OpenAI streams)
+    chunk_usage = None if include_usage else UNSET
 
-    async def send(choices: list[dict[str, Any]]) -> None:
-        await response.write(sse_event(envelope(response_format.chunk_object_name, choices, **usage_field)))
+    async def send(choices: list[Any], usage: Usage | None | UnsetType = chunk_usage) -> None:
+        chunk = envelope(response_format.chunk_type, response_format.chunk_object_name, choices, usage)
+        await response.write(sse_event(chunk))
 
     try:
         update = first.result()
@@ -174,8 +181,7 @@ async def _stream(
                 await send([choice])
             update = await generation.next_update()
         if include_usage:
-            usage = envelope(response_format.chunk_object_name, [], usage=envelope.usage(generation))
-            await response.write(sse_event(usage))
+            await send([], envelope.usage(generation))
     except ApiError as exc:
         await response.write(sse_event(exc.body()))
     except ConnectionResetError:

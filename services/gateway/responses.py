@@ -60,10 +60,13 @@ class ToolCall(_Shape):
     function: FunctionCall
 
 
-class ToolCallChunk(ToolCall):
+class ToolCallChunk(_Shape):
     """A stream sends each call whole, once complete."""
 
-    index: int
+    index: int  # first, as in OpenAI's streams (a subclass of ToolCall would put it last)
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 class ChatCompletionMessage(_Shape):
