@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -22,6 +21,7 @@ from ember_gateway.intake import check_framing
 from ember_gateway.metrics import GatewayMetrics
 from ember_gateway.openapi import openapi_document
 from ember_gateway.respond import json_response
+from ember_gateway.responses import Health, Model, ModelList
 from ember_gateway.state import STATE, GatewayState
 from ember_gateway.tokenize import detokenize, tokenize
 
@@ -164,19 +164,19 @@ def _expect_handler(max_body_bytes: int, api_key: bytes | None) -> Callable[[web
     return expect_continue
 
 
-def _model_entry(model: ServedModel) -> dict[str, Any]:
-    return {
-        "id": model.name,
-        "object": "model",
-        "created": model.card.created,
-        "owned_by": "ember",
-        "max_model_len": model.card.max_model_len,
-    }
+def _model_entry(model: ServedModel) -> Model:
+    return Model(
+        id=model.name,
+        object="model",
+        created=model.card.created,
+        owned_by="ember",
+        max_model_len=model.card.max_model_len,
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:
     models = await request.app[STATE].await_models()
-    return json_response({"object": "list", "data": [_model_entry(model) for model in models]})
+    return json_response(ModelList(object="list", data=[_model_entry(model) for model in models]))
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -189,13 +189,13 @@ async def health(request: web.Request) -> web.Response:
     if not accepting:
         raise engine_unavailable()
     first = accepting[0].model
-    return json_response({
-        "status": "ok",
-        "model": first.name,
-        "engine_id": first.engine_id,
-        "models": sorted({client.model.name for client in accepting}),
-        "engines": [client.address for client in accepting],
-    })
+    return json_response(Health(
+        status="ok",
+        model=first.name,
+        engine_id=first.engine_id,
+        models=sorted({client.model.name for client in accepting}),
+        engines=[client.address for client in accepting],
+    ))
 
 
 async def metrics(request: web.Request) -> web.Response:
