@@ -1,5 +1,6 @@
-"""Response bodies as msgspec Structs: openapi.py describes them, and tests/gateway/test_openapi.py
-checks what formats.py, respond.py, tokenize.py and app.py send against them."""
+"""Response bodies as msgspec Structs, which openapi.py describes. formats.py, logprobs.py,
+respond.py and app.py build theirs as these, and msgspec encodes them (a field left UNSET is left
+out); tokenize.py and errors.py build dicts, which tests/gateway/test_openapi.py checks."""
 
 from __future__ import annotations
 

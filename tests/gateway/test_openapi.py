@@ -1,5 +1,6 @@
 """GET /openapi.json: valid OpenAPI 3.1, open without an API key, covering every route of the app,
-and describing what the gateway really sends."""
+and describing what the gateway really sends: the bodies that tokenize.py and errors.py build as
+dicts are checked against it here (the others are built as the Structs it is made from)."""
 
 from __future__ import annotations
 
@@ -59,26 +60,15 @@ async def test_served_without_an_api_key(fake_engine: FakeEngine, start_gateway:
         assert response.status == 401
 
 
-def chat(**fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, **fields}
-
-
-def completion(**fields: Any) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": "hi", "max_tokens": 6, **fields}
-
-
 @pytest.mark.parametrize(
     "path, body, schema_name",
     [
-        ("/v1/chat/completions", chat(), "ChatCompletion"),
-        ("/v1/chat/completions", chat(n=2, logprobs=True, top_logprobs=2, return_token_ids=True), "ChatCompletion"),
-        ("/v1/completions", completion(), "Completion"),
-        ("/v1/completions", completion(n=2, logprobs=2, echo=True, return_token_ids=True), "Completion"),
         ("/tokenize", {"model": MODEL, "prompt": "hi"}, "TokenizeResponse"),
         ("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "return_token_strs": True},
          "TokenizeResponse"),
         ("/detokenize", {"model": MODEL, "tokens": [104, 105]}, "DetokenizeResponse"),
-        ("/v1/chat/completions", chat(temperature=9), "ErrorResponse"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 9},
+         "ErrorResponse"),
         ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, "ErrorResponse"),
     ],
 )
@@ -86,24 +76,3 @@ async def test_real_bodies_match_the_document(gateway: Gateway, path: str, body:
     status, answer = await gateway.post(path, body)
     assert (status == 200) == (schema_name != "ErrorResponse"), answer
     assert ember_errors(answer, schema_name) == []
-
-
-@pytest.mark.parametrize(
-    "path, body, schema_name",
-    [
-        ("/v1/chat/completions", chat(n=2, logprobs=True, stream_options={"include_usage": True}), "ChatCompletionChunk"),
-        ("/v1/completions", completion(echo=True, logprobs=1, stream_options={"include_usage": True}), "CompletionChunk"),
-    ],
-)
-async def test_real_stream_chunks_match_the_document(gateway: Gateway, path: str, body: dict[str, Any], schema_name: str):
-    *chunks, done = await gateway.stream(path, {**body, "stream": True})
-    assert done == "[DONE]" and chunks[-1]["usage"] is not None
-    for chunk in chunks:
-        assert ember_errors(chunk, schema_name) == [], chunk
-
-
-async def test_get_bodies_match_the_document(gateway: Gateway):
-    for path, schema_name in [("/v1/models", "ModelList"), (f"/v1/models/{MODEL}", "Model"), ("/health", "Health"),
-                              ("/v1/models/none", "ErrorResponse")]:
-        async with gateway.http.get(path) as response:
-            assert ember_errors(await response.json(), schema_name) == [], path
