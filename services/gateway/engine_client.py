@@ -122,7 +122,7 @@ class EngineClient:
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
         self._handoff = handoff or (lambda client, routes: routes)
-        self._ready = asyncio.Event()
+        self._ready = False
         self._model_name = model_name
         self._watchdog_s = watchdog_s
         self._resume_wait_s = resume_wait_s
@@ -147,15 +147,7 @@ class EngineClient:
     @property
     def ready(self) -> bool:
         """Whether an engine is connected and serving this gateway's model."""
-        return self._ready.is_set()
-
-    async def wait_ready(self, timeout: float) -> bool:
-        """Whether an engine is ready now or becomes ready within timeout seconds."""
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
-            return False
-        return True
+        return self._ready
 
     @property
     def accepting(self) -> bool:
@@ -350,7 +342,7 @@ class EngineClient:
             name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer, block_size=message.block_size
         )
         self.draining = False
-        self._ready.set()
+        self._ready = True
         self._last_rejection = ""
         if self._parked:
             self._resume_parked(previous, self.model)
@@ -369,7 +361,7 @@ class EngineClient:
         route = self._routes.pop(message.request_id, None)
         if code == 503:
             # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
-            self._ready.clear()
+            self._ready = False
             if route is not None and not self._handoff(self, {message.request_id: route}):
                 return  # another engine took it
         if route is not None:
@@ -404,7 +396,7 @@ class EngineClient:
     def _lost(self, reason: str) -> None:
         if self.ready:
             logger.warning("engine unavailable: %s", reason)
-        self._ready.clear()
+        self._ready = False
         self._connection_epoch += 1
         self.stats = None  # the lost engine's gauges are unknown now, not its last values
         self.kv_index.clear()
