@@ -1,8 +1,7 @@
 """The gateway's connection to one engine: a zmq DEALER, liveness, what its prefix cache holds,
-and per-request routing of its outputs.
+and the requests in flight on it (ember_gateway.inflight).
 
-Every engine request of an HTTP request shares one asyncio.Queue; each StepOutputs is fanned out
-to those queues in O(deltas). Anything that makes the engine unusable (disconnect, silence, a new
+Anything that makes the engine unusable (disconnect, silence, a new
 engine id, a drain) first offers the requests in flight to the pool (`handoff`), which continues
 them on another engine from the tokens they already sent (`Generate.output_token_ids`). What no
 other engine takes fails with an EngineFailure, so no handler waits forever; with resume_wait_s > 0
@@ -16,8 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -26,6 +24,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ember_core.tokenizer import Tokenizer, TokenizerSpec
 from ember_gateway.errors import engine_unavailable
+from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.kv_index import KvIndex
 from ember_proto import (
     PROTOCOL_VERSION,
@@ -39,7 +38,6 @@ from ember_proto import (
     ModelCard,
     Ready,
     Rejected,
-    RequestDelta,
     StepOutputs,
     decode_engine_message,
     encode,
@@ -70,37 +68,8 @@ class ServedModel:
         )
 
 
-@dataclass(frozen=True)
-class EngineFailure:
-    status: int  # the HTTP status the client gets
-    message: str
-
-
-class Output(NamedTuple):
-    index: int  # position of the engine request in its submission
-    item: RequestDelta | EngineFailure
-    step_started_at: float  # time.monotonic() when the gateway received the engine's previous message
-
-
-@dataclass(eq=False)
-class _Route:
-    queue: asyncio.Queue[Output]
-    index: int
-    generate: Generate
-    output_token_ids: list[int] = field(default_factory=list)  # received so far
-
-    def resumed(self) -> Generate:
-        """The request for a new engine: it continues after the tokens already received, and does
-        not ask again for the prompt logprobs that came with the first of them."""
-        if not self.output_token_ids:
-            return self.generate
-        sampling = msgspec.structs.replace(self.generate.sampling, prompt_logprobs=None)
-        return msgspec.structs.replace(self.generate, sampling=sampling, output_token_ids=list(self.output_token_ids))
-
-
-Routes = dict[str, _Route]
 # Takes what it can of a lost, draining or refusing engine's requests to another engine; returns the rest.
-Handoff = Callable[["EngineClient", Routes], Routes]
+Handoff = Callable[["EngineClient", InFlight], InFlight]
 
 
 class EngineClient:
@@ -121,15 +90,15 @@ class EngineClient:
         self.kv_index = KvIndex()
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
-        self._handoff = handoff or (lambda client, routes: routes)
+        self._handoff = handoff or (lambda client, in_flight: in_flight)
         self._ready = False
         self._model_name = model_name
         self._watchdog_s = watchdog_s
         self._resume_wait_s = resume_wait_s
-        self._routes: dict[str, _Route] = {}
+        self._in_flight: InFlight = {}
         # Requests in flight on an engine that was lost, waiting until _parked_until for a restarted
         # one to resume them.
-        self._parked: dict[str, _Route] = {}
+        self._parked: InFlight = {}
         self._parked_engine_id = ""
         self._parked_until = 0.0
         self._connected = False
@@ -164,7 +133,7 @@ class EngineClient:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._routes) + len(self._parked)
+        return len(self._in_flight) + len(self._parked)
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
@@ -186,8 +155,8 @@ class EngineClient:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._fail(self._routes, "the gateway is shutting down")
-        self._fail(self._parked, "the gateway is shutting down")
+        fail(self._in_flight, "the gateway is shutting down")
+        fail(self._parked, "the gateway is shutting down")
         if self._socket is not None:
             self._socket.disable_monitor()
         for socket in (self._monitor, self._socket):
@@ -200,7 +169,7 @@ class EngineClient:
         """No engine will resume requests from now on (the gateway is stopping): those waiting for
         one fail now, and later losses fail their requests at once."""
         self._resume_wait_s = 0.0
-        self._fail(self._parked, f"the engine became unavailable ({reason})")
+        fail(self._parked, f"the engine became unavailable ({reason})")
 
     def retire(self, reason: str) -> None:
         """This engine leaves the pool: its requests in flight go to another engine or fail."""
@@ -216,26 +185,26 @@ class EngineClient:
             if not self._send(generate):
                 self.release([g.request_id for g in generates[:index]])
                 raise engine_unavailable("the engine is not accepting requests right now")
-            self._routes[generate.request_id] = _Route(queue, index, generate)
+            self._in_flight[generate.request_id] = InFlightRequest(queue, index, generate)
         self.sent_since_stats += len(generates)
 
-    def adopt(self, routes: Routes) -> Routes:
+    def adopt(self, in_flight: InFlight) -> InFlight:
         """Continue another engine's requests here, each after the tokens it already sent; returns
         those this engine could not take."""
         if not self.accepting:
-            return routes
-        refused: Routes = {}
-        for request_id, route in routes.items():
-            if self._send(route.resumed()):
-                self._routes[request_id] = route
+            return in_flight
+        refused: InFlight = {}
+        for request_id, request in in_flight.items():
+            if self._send(request.resumed()):
+                self._in_flight[request_id] = request
             else:
-                refused[request_id] = route
-        self.sent_since_stats += len(routes) - len(refused)
+                refused[request_id] = request
+        self.sent_since_stats += len(in_flight) - len(refused)
         return refused
 
     def release(self, request_ids: list[str]) -> None:
         """Stop routing these requests; the ones the engine has not finished are aborted."""
-        unfinished = [request_id for request_id in request_ids if self._routes.pop(request_id, None) is not None]
+        unfinished = [request_id for request_id in request_ids if self._in_flight.pop(request_id, None) is not None]
         for request_id in request_ids:
             self._parked.pop(request_id, None)
         if unfinished:
@@ -284,16 +253,7 @@ class EngineClient:
 
     def _on_step_outputs(self, message: StepOutputs, step_started_at: float) -> None:
         self._set_stats(message.stats)
-        routes = self._routes
-        for delta in message.outputs:
-            route = routes.get(delta.request_id)
-            if route is None:
-                continue  # finished, aborted or failed here already
-            if delta.finish_reason is not None:
-                del routes[delta.request_id]
-            else:  # for a resume on another engine
-                route.output_token_ids.extend(delta.new_token_ids)
-            route.queue.put_nowait(Output(route.index, delta, step_started_at))
+        deliver(self._in_flight, message, step_started_at)
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
         self._set_stats(message.stats)
@@ -302,7 +262,7 @@ class EngineClient:
         elif message.draining and not self.draining:
             self.draining = True
             logger.warning("engine %s (%s) is draining: no new requests go to it", self.address, message.engine_id)
-            self._move_routes(dict(self._routes))
+            self._move(dict(self._in_flight))
 
     def _on_kv_events(self, message: KvEvents) -> None:
         if self.model is not None and message.engine_id == self.model.engine_id and self.kv_index.apply(message):
@@ -313,13 +273,13 @@ class EngineClient:
         self.stats = stats
         self.sent_since_stats = 0
 
-    def _move_routes(self, routes: Routes) -> Routes:
-        """Hand these routes to another engine; the ones moved stop here (and are aborted here, in
+    def _move(self, in_flight: InFlight) -> InFlight:
+        """Hand these requests to another engine; the ones moved stop here (and are aborted here, in
         case this engine still runs them). Returns the ones that stay."""
-        staying = self._handoff(self, routes)
-        moved = [request_id for request_id in routes if request_id not in staying]
+        staying = self._handoff(self, in_flight)
+        moved = [request_id for request_id in in_flight if request_id not in staying]
         for request_id in moved:
-            self._routes.pop(request_id, None)
+            self._in_flight.pop(request_id, None)
         if moved:
             self._send(Abort(moved))
         return staying
@@ -358,15 +318,14 @@ class EngineClient:
             self._log_rejection(f"the engine rejected this gateway ({code}): {message.message}")
             self._lost(message.message)
             return
-        route = self._routes.pop(message.request_id, None)
+        request = self._in_flight.pop(message.request_id, None)
         if code == 503:
             # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
             self._ready = False
-            if route is not None and not self._handoff(self, {message.request_id: route}):
+            if request is not None and not self._handoff(self, {message.request_id: request}):
                 return  # another engine took it
-        if route is not None:
-            status = code if code in (400, 503) else 500
-            route.queue.put_nowait(Output(route.index, EngineFailure(status, message.message), self._last_message_at))
+        if request is not None:
+            request.fail(EngineFailure(code if code in (400, 503) else 500, message.message))
 
     async def _monitor_loop(self) -> None:
         assert self._monitor is not None
@@ -387,7 +346,7 @@ class EngineClient:
             if self.ready and silence > self._watchdog_s:
                 self._lost(f"no message from the engine for {self._watchdog_s:g} s")
             if self._parked and now > self._parked_until:
-                self._fail(self._parked, f"the engine became unavailable (none came back within {self._resume_wait_s:g} s)")
+                fail(self._parked, f"the engine became unavailable (none came back within {self._resume_wait_s:g} s)")
             if not self.ready and self._connected:
                 unanswered = self._last_hello_at > self._last_message_at
                 if not unanswered or now - self._last_hello_at >= UNANSWERED_HELLO_RETRY_S:
@@ -400,21 +359,21 @@ class EngineClient:
         self._connection_epoch += 1
         self.stats = None  # the lost engine's gauges are unknown now, not its last values
         self.kv_index.clear()
-        if not self._routes:
+        if not self._in_flight:
             return
         # The engine may still be alive (only silent): stop it spending work on these.
-        self._send(Abort(list(self._routes)))
-        self._routes = self._handoff(self, self._routes)
-        if not self._routes:
+        self._send(Abort(list(self._in_flight)))
+        self._in_flight = self._handoff(self, self._in_flight)
+        if not self._in_flight:
             return
         if self._resume_wait_s <= 0:
-            self._fail(self._routes, f"the engine became unavailable ({reason})")
+            fail(self._in_flight, f"the engine became unavailable ({reason})")
             return
         if not self._parked and self.model is not None:
             self._parked_engine_id = self.model.engine_id
             self._parked_until = time.monotonic() + self._resume_wait_s
-        self._parked.update(self._routes)
-        self._routes = {}
+        self._parked.update(self._in_flight)
+        self._in_flight = {}
         logger.warning("%d requests in flight wait up to %g s for an engine to resume them", len(self._parked), self._resume_wait_s)
 
     def _resume_parked(self, lost: ServedModel | None, new: ServedModel) -> None:
@@ -422,20 +381,14 @@ class EngineClient:
         that answers again under its old id may still hold them (a stall, not a restart): they fail."""
         parked, self._parked = self._parked, {}
         if new.engine_id == self._parked_engine_id:
-            self._fail(parked, "the engine became unavailable (it stopped answering)")
+            fail(parked, "the engine became unavailable (it stopped answering)")
             return
         if lost is None or not lost.same_model(new):
-            self._fail(parked, "the engine became unavailable (it restarted with another model)")
+            fail(parked, "the engine became unavailable (it restarted with another model)")
             return
         refused = self.adopt(parked)
-        self._fail(refused, "the engine is not accepting requests right now")
+        fail(refused, "the engine is not accepting requests right now")
         logger.info("resumed %d requests in flight on engine %s", len(parked) - len(refused), new.engine_id)
-
-    def _fail(self, routes: dict[str, _Route], message: str) -> None:
-        failure = EngineFailure(503, message)
-        for route in routes.values():
-            route.queue.put_nowait(Output(route.index, failure, self._last_message_at))
-        routes.clear()
 
     def _log_rejection(self, message: str) -> None:
         if message != self._last_rejection:

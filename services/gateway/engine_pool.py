@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ember_core.cache.block_hash import prompt_block_hashes
-from ember_gateway.engine_client import EngineClient, Output, Routes, ServedModel
+from ember_gateway.engine_client import EngineClient, ServedModel
 from ember_gateway.errors import engine_unavailable
+from ember_gateway.inflight import InFlight, Output
 from ember_gateway.router import Candidate, choose
 from ember_proto import EngineStats, Generate
 
@@ -163,25 +164,25 @@ class EnginePool:
             chosen.kv_index.expect(hashes(chosen))
         return chosen
 
-    def _handoff(self, source: EngineClient, routes: Routes) -> Routes:
+    def _handoff(self, source: EngineClient, in_flight: InFlight) -> InFlight:
         """Continue a lost, draining or refusing engine's requests on the least loaded other engine
         of the same model; returns those none took."""
-        if source.model is None or not routes:
-            return routes
+        if source.model is None or not in_flight:
+            return in_flight
         targets = sorted(
             (c for c in self._accepting() if c is not source and c.model.same_model(source.model)),
             key=lambda client: client.load,
         )
         for target in targets:
-            left = target.adopt(routes)
-            moved = len(routes) - len(left)
+            left = target.adopt(in_flight)
+            moved = len(in_flight) - len(left)
             if moved:
                 self.migrations += moved
                 logger.warning("moved %d requests in flight from engine %s to %s", moved, source.address, target.address)
-            routes = left
-            if not routes:
+            in_flight = left
+            if not in_flight:
                 break
-        return routes
+        return in_flight
 
     async def _add(self, address: str) -> None:
         client = EngineClient(address, handoff=self._handoff, **self._client_options)

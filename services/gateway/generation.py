@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from ember_core.output_processor import ChoiceRequest, ChoiceUpdate, OutputProcessor
-from ember_gateway.engine_client import EngineFailure, Output, ServedModel
+from ember_gateway.engine_client import ServedModel
 from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable
+from ember_gateway.inflight import EngineFailure, Output
 from ember_gateway.metrics import GatewayMetrics
 from ember_proto import FinishReason, Generate
 
