@@ -282,9 +282,9 @@ async def test_api_key(fake_engine: FakeEngine, start_gateway: StartGateway):
 async def test_unexpected_exception_is_a_500_and_serving_continues(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch, path: str
 ):
-    from ember_gateway import plans
+    from ember_gateway import choices
 
-    original = plans.build_choices
+    original = choices.build_choices
     monkeypatch.setattr("ember_gateway.completions.build_choices", lambda *a, **k: 1 / 0)
     monkeypatch.setattr("ember_gateway.chat.build_choices", lambda *a, **k: 1 / 0)
     body = json.loads(completion() if path == COMPLETIONS else chat())
