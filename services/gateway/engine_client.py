@@ -1,11 +1,9 @@
 """The gateway's connection to one engine: a zmq DEALER, liveness, what its prefix cache holds,
 and the requests in flight on it (ember_gateway.inflight).
 
-Anything that makes the engine unusable (disconnect, silence, a new
-engine id, a drain) first offers the requests in flight to the pool (`handoff`), which continues
-them on another engine from the tokens they already sent (`Generate.output_token_ids`). What no
-other engine takes fails with an EngineFailure, so no handler waits forever; with resume_wait_s > 0
-it first waits that long for this engine to come back restarted, and continues there.
+Whatever makes the engine unusable (disconnect, silence, a new engine id, a drain, a refusal) it
+reports to its EngineEvents, the pool, with the requests in flight there; the pool decides where
+they go.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 import zmq
@@ -68,20 +67,33 @@ class ServedModel:
         )
 
 
-# Takes what it can of a lost, draining or refusing engine's requests to another engine; returns the rest.
-Handoff = Callable[["EngineClient", InFlight], InFlight]
+class EngineEvents(Protocol):
+    """What a client tells its pool, which decides where displaced requests go."""
+
+    def engine_ready(self, client: EngineClient) -> None: ...
+
+    def engine_lost(self, client: EngineClient, reason: str, in_flight: InFlight) -> None:
+        """in_flight ran on the lost engine and no longer runs anywhere."""
+        ...
+
+    def engine_draining(self, client: EngineClient, in_flight: InFlight) -> None:
+        """in_flight still runs on the draining engine; what moves must be released from it."""
+        ...
+
+    def request_refused(self, client: EngineClient, request: InFlightRequest, failure: EngineFailure) -> None:
+        """The engine refused the request (503) and no longer runs it."""
+        ...
 
 
 class EngineClient:
     def __init__(
         self,
         address: str,
+        events: EngineEvents,
         *,
         model_name: str | None = None,
         gateway_id: str | None = None,
         watchdog_s: float = WATCHDOG_S,
-        resume_wait_s: float = 0.0,
-        handoff: Handoff | None = None,
     ) -> None:
         self.address = address
         self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
@@ -90,17 +102,11 @@ class EngineClient:
         self.kv_index = KvIndex()
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
-        self._handoff = handoff or (lambda client, in_flight: in_flight)
+        self._events = events
         self._ready = False
         self._model_name = model_name
         self._watchdog_s = watchdog_s
-        self._resume_wait_s = resume_wait_s
         self._in_flight: InFlight = {}
-        # Requests in flight on an engine that was lost, waiting until _parked_until for a restarted
-        # one to resume them.
-        self._parked: InFlight = {}
-        self._parked_engine_id = ""
-        self._parked_until = 0.0
         self._connected = False
         self._connection_epoch = 0  # bumped whenever the engine is lost; stale Ready handling checks it
         self._last_message_at = time.monotonic()
@@ -133,7 +139,7 @@ class EngineClient:
 
     @property
     def num_in_flight(self) -> int:
-        return len(self._in_flight) + len(self._parked)
+        return len(self._in_flight)
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
@@ -156,7 +162,6 @@ class EngineClient:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         fail(self._in_flight, "the gateway is shutting down")
-        fail(self._parked, "the gateway is shutting down")
         if self._socket is not None:
             self._socket.disable_monitor()
         for socket in (self._monitor, self._socket):
@@ -165,16 +170,9 @@ class EngineClient:
         if self._context is not None:
             self._context.term()
 
-    def stop_resuming(self, reason: str) -> None:
-        """No engine will resume requests from now on (the gateway is stopping): those waiting for
-        one fail now, and later losses fail their requests at once."""
-        self._resume_wait_s = 0.0
-        fail(self._parked, f"the engine became unavailable ({reason})")
-
-    def retire(self, reason: str) -> None:
-        """This engine leaves the pool: its requests in flight go to another engine or fail."""
-        self.stop_resuming(reason)
-        self._lost(reason)
+    def retire(self, reason: str) -> InFlight:
+        """This engine leaves the pool: it is lost, and its requests in flight are returned."""
+        return self._lose(reason)
 
     def submit(self, generates: list[Generate], queue: asyncio.Queue[Output]) -> None:
         """Send the engine requests; their outputs arrive on queue, tagged with their index in
@@ -205,8 +203,6 @@ class EngineClient:
     def release(self, request_ids: list[str]) -> None:
         """Stop routing these requests; the ones the engine has not finished are aborted."""
         unfinished = [request_id for request_id in request_ids if self._in_flight.pop(request_id, None) is not None]
-        for request_id in request_ids:
-            self._parked.pop(request_id, None)
         if unfinished:
             self._send(Abort(unfinished))
 
@@ -262,7 +258,7 @@ class EngineClient:
         elif message.draining and not self.draining:
             self.draining = True
             logger.warning("engine %s (%s) is draining: no new requests go to it", self.address, message.engine_id)
-            self._move(dict(self._in_flight))
+            self._events.engine_draining(self, dict(self._in_flight))
 
     def _on_kv_events(self, message: KvEvents) -> None:
         if self.model is not None and message.engine_id == self.model.engine_id and self.kv_index.apply(message):
@@ -273,17 +269,6 @@ class EngineClient:
         self.stats = stats
         self.sent_since_stats = 0
 
-    def _move(self, in_flight: InFlight) -> InFlight:
-        """Hand these requests to another engine; the ones moved stop here (and are aborted here, in
-        case this engine still runs them). Returns the ones that stay."""
-        staying = self._handoff(self, in_flight)
-        moved = [request_id for request_id in in_flight if request_id not in staying]
-        for request_id in moved:
-            self._in_flight.pop(request_id, None)
-        if moved:
-            self._send(Abort(moved))
-        return staying
-
     async def _on_ready(self, message: Ready) -> None:
         if message.protocol_version != PROTOCOL_VERSION:
             self._log_rejection(f"engine speaks protocol {message.protocol_version}, this gateway {PROTOCOL_VERSION}")
@@ -292,7 +277,6 @@ class EngineClient:
             self._lost("the engine restarted")
         elif self.ready:
             return  # an answer to an extra Hello
-        previous = self.model
         epoch = self._connection_epoch
         tokenizer = await self._tokenizer_for(message.model.tokenizer_spec)
         if epoch != self._connection_epoch:
@@ -304,8 +288,7 @@ class EngineClient:
         self.draining = False
         self._ready = True
         self._last_rejection = ""
-        if self._parked:
-            self._resume_parked(previous, self.model)
+        self._events.engine_ready(self)
         logger.info(
             "engine %s ready: model %s (served as %s), max_model_len %d, %s",
             message.engine_id, message.model.model_id, self.model.name, message.model.max_model_len,
@@ -322,10 +305,13 @@ class EngineClient:
         if code == 503:
             # Draining, or restarted and no longer knows this gateway: stop sending until Ready.
             self._ready = False
-            if request is not None and not self._handoff(self, {message.request_id: request}):
-                return  # another engine took it
-        if request is not None:
-            request.fail(EngineFailure(code if code in (400, 503) else 500, message.message))
+        if request is None:
+            return
+        failure = EngineFailure(code if code in (400, 503) else 500, message.message)
+        if code == 503:
+            self._events.request_refused(self, request, failure)
+        else:
+            request.fail(failure)
 
     async def _monitor_loop(self) -> None:
         assert self._monitor is not None
@@ -345,50 +331,27 @@ class EngineClient:
             silence = now - self._last_message_at
             if self.ready and silence > self._watchdog_s:
                 self._lost(f"no message from the engine for {self._watchdog_s:g} s")
-            if self._parked and now > self._parked_until:
-                fail(self._parked, f"the engine became unavailable (none came back within {self._resume_wait_s:g} s)")
             if not self.ready and self._connected:
                 unanswered = self._last_hello_at > self._last_message_at
                 if not unanswered or now - self._last_hello_at >= UNANSWERED_HELLO_RETRY_S:
                     self._send_hello()
 
     def _lost(self, reason: str) -> None:
+        self._events.engine_lost(self, reason, self._lose(reason))
+
+    def _lose(self, reason: str) -> InFlight:
+        """Mark the engine lost; returns the requests that were in flight on it, aborted there."""
         if self.ready:
             logger.warning("engine unavailable: %s", reason)
         self._ready = False
         self._connection_epoch += 1
         self.stats = None  # the lost engine's gauges are unknown now, not its last values
         self.kv_index.clear()
-        if not self._in_flight:
-            return
-        # The engine may still be alive (only silent): stop it spending work on these.
-        self._send(Abort(list(self._in_flight)))
-        self._in_flight = self._handoff(self, self._in_flight)
-        if not self._in_flight:
-            return
-        if self._resume_wait_s <= 0:
-            fail(self._in_flight, f"the engine became unavailable ({reason})")
-            return
-        if not self._parked and self.model is not None:
-            self._parked_engine_id = self.model.engine_id
-            self._parked_until = time.monotonic() + self._resume_wait_s
-        self._parked.update(self._in_flight)
-        self._in_flight = {}
-        logger.warning("%d requests in flight wait up to %g s for an engine to resume them", len(self._parked), self._resume_wait_s)
-
-    def _resume_parked(self, lost: ServedModel | None, new: ServedModel) -> None:
-        """Continue the parked requests on a restarted engine serving the same model. An engine
-        that answers again under its old id may still hold them (a stall, not a restart): they fail."""
-        parked, self._parked = self._parked, {}
-        if new.engine_id == self._parked_engine_id:
-            fail(parked, "the engine became unavailable (it stopped answering)")
-            return
-        if lost is None or not lost.same_model(new):
-            fail(parked, "the engine became unavailable (it restarted with another model)")
-            return
-        refused = self.adopt(parked)
-        fail(refused, "the engine is not accepting requests right now")
-        logger.info("resumed %d requests in flight on engine %s", len(parked) - len(refused), new.engine_id)
+        in_flight, self._in_flight = self._in_flight, {}
+        if in_flight:
+            # The engine may still be alive (only silent): stop it spending work on these.
+            self._send(Abort(list(in_flight)))
+        return in_flight
 
     def _log_rejection(self, message: str) -> None:
         if message != self._last_rejection:

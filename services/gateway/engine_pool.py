@@ -1,9 +1,11 @@
 """The engines behind a gateway: one EngineClient each, found from fixed addresses or a DNS name
 re-resolved every few seconds, and the router that picks one per request.
 
-A request goes to an engine serving its model. One that is lost, draining or refusing new work
-hands its requests in flight to another engine of the same model, which continues each from the
-tokens it already sent; each such move counts as a migration.
+A request goes to an engine serving its model. The requests in flight on an engine that is lost,
+draining or refusing new work move to another engine of the same model, which continues each from
+the tokens it already sent; each such move counts as a migration. A lost engine's requests that no
+engine takes wait `resume_wait_s` for a restarted engine at its address (Parking), or fail with a
+503, so no handler waits forever; a draining engine's stay there to finish.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from ember_core.cache.block_hash import prompt_block_hashes
 from ember_gateway.engine_client import EngineClient, ServedModel
 from ember_gateway.errors import engine_unavailable
-from ember_gateway.inflight import InFlight, Output
+from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, fail
+from ember_gateway.parking import Parking
 from ember_gateway.router import Candidate, choose
 from ember_proto import EngineStats, Generate
 
@@ -63,7 +66,9 @@ class EnginePool:
         self._static = [address for address in addresses if not address.startswith(DNS_SCHEME)]
         self._names = [_name_and_port(address) for address in addresses if address.startswith(DNS_SCHEME)]
         self._routing = routing
-        self._client_options = {"model_name": model_name, "watchdog_s": watchdog_s, "resume_wait_s": resume_wait_s}
+        self._client_options = {"model_name": model_name, "watchdog_s": watchdog_s}
+        self._resume_wait_s = resume_wait_s
+        self._parking = Parking()
         self._resolve = resolve
         self.clients: dict[str, EngineClient] = {}
         self.routing_decisions: Counter[str] = Counter()
@@ -83,6 +88,7 @@ class EnginePool:
             self._dns_task.cancel()
             await asyncio.gather(self._dns_task, return_exceptions=True)
         await asyncio.gather(*(client.close() for client in self.clients.values()))
+        self._parking.fail(None, "the gateway is shutting down")
 
     @property
     def ready(self) -> bool:
@@ -107,7 +113,7 @@ class EnginePool:
 
     @property
     def num_in_flight(self) -> int:
-        return sum(client.num_in_flight for client in self.clients.values())
+        return sum(client.num_in_flight for client in self.clients.values()) + len(self._parking)
 
     def snapshots(self) -> list[EngineSnapshot]:
         return [
@@ -131,10 +137,33 @@ class EnginePool:
         """Stop routing these requests; the ones an engine has not finished are aborted there."""
         for client in self.clients.values():
             client.release(request_ids)
+        self._parking.release(request_ids)
 
     def stop_resuming(self, reason: str) -> None:
-        for client in self.clients.values():
-            client.stop_resuming(reason)
+        """No engine will resume requests from now on (the gateway is stopping): those waiting for
+        one fail now, and later losses fail their requests at once."""
+        self._resume_wait_s = 0.0
+        self._parking.fail(None, f"the engine became unavailable ({reason})")
+
+    def engine_ready(self, client: EngineClient) -> None:
+        self._parking.resume(client)
+
+    def engine_lost(self, client: EngineClient, reason: str, in_flight: InFlight) -> None:
+        left = self._move(client, in_flight)
+        if not left:
+            return
+        if self._resume_wait_s > 0 and client.model is not None:
+            self._parking.park(client.address, client.model, left, self._resume_wait_s)
+        else:
+            fail(left, f"the engine became unavailable ({reason})")
+
+    def engine_draining(self, client: EngineClient, in_flight: InFlight) -> None:
+        left = self._move(client, in_flight)
+        client.release([request_id for request_id in in_flight if request_id not in left])
+
+    def request_refused(self, client: EngineClient, request: InFlightRequest, failure: EngineFailure) -> None:
+        if self._move(client, {request.generate.request_id: request}):
+            request.fail(failure)
 
     def _accepting(self) -> list[EngineClient]:
         return [client for client in self.clients.values() if client.accepting and client.model is not None]
@@ -164,7 +193,7 @@ class EnginePool:
             chosen.kv_index.expect(hashes(chosen))
         return chosen
 
-    def _handoff(self, source: EngineClient, in_flight: InFlight) -> InFlight:
+    def _move(self, source: EngineClient, in_flight: InFlight) -> InFlight:
         """Continue a lost, draining or refusing engine's requests on the least loaded other engine
         of the same model; returns those none took."""
         if source.model is None or not in_flight:
@@ -185,15 +214,17 @@ class EnginePool:
         return in_flight
 
     async def _add(self, address: str) -> None:
-        client = EngineClient(address, handoff=self._handoff, **self._client_options)
+        client = EngineClient(address, self, **self._client_options)
         self.clients[address] = client
         await client.start()
         logger.info("engine %s joined", address)
 
     async def _remove(self, address: str) -> None:
-        client = self.clients[address]
-        client.retire("its address left DNS")
-        del self.clients[address]
+        client = self.clients.pop(address)
+        reason = "its address left DNS"
+        message = f"the engine became unavailable ({reason})"
+        self._parking.fail(address, message)
+        fail(self._move(client, client.retire(reason)), message)
         await client.close()
         logger.info("engine %s left", address)
 

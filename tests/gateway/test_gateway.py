@@ -454,7 +454,7 @@ async def test_a_stopping_gateway_fails_the_requests_waiting_for_an_engine_at_on
     await wait_until_async(lambda: fake_engine.num_running == 1, 5.0, "the request running")
     await fake_engine.stop()
     await wait_until_async(lambda: not gateway.client.ready, 5.0, "the engine lost")
-    gateway.client.stop_resuming("the gateway is shutting down")
+    gateway.pool.stop_resuming("the gateway is shutting down")
     status, body = await asyncio.wait_for(request, 2.0)
     error = assert_openai_error(status, body, 503)
     assert error["code"] == "engine_unavailable" and "shutting down" in error["message"]
