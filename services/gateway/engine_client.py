@@ -1,55 +1,41 @@
-"""The gateway's connection to one engine: a zmq DEALER, liveness, what its prefix cache holds,
-and the requests in flight on it (ember_gateway.inflight).
+"""The gateway's view of one engine: the model it serves (card and tokenizer), its load, what its
+prefix cache holds, whether it takes requests, and the requests in flight on it.
 
-Whatever makes the engine unusable (disconnect, silence, a new engine id, a drain, a refusal) it
-reports to its EngineEvents, the pool, with the requests in flight there; the pool decides where
-they go.
+It reads the engine's messages off an EngineLink. Whatever makes the engine unusable (disconnect,
+silence, a new engine id, a drain, a refusal) it reports to its EngineEvents, the pool, with the
+requests in flight there; the pool decides where they go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
-import zmq
-import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message
 
 from ember_core.tokenizer import Tokenizer, TokenizerSpec
+from ember_gateway.engine_link import WATCHDOG_S, EngineLink
 from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.kv_index import KvIndex
 from ember_proto import (
     PROTOCOL_VERSION,
     Abort,
+    EngineMessage,
     EngineStats,
     Generate,
     Heartbeat,
-    Hello,
     KvEvents,
     KvSync,
     ModelCard,
     Ready,
     Rejected,
     StepOutputs,
-    decode_engine_message,
-    encode,
-    make_socket,
 )
 
 logger = logging.getLogger(__name__)
-
-HELLO_INTERVAL_S = 0.5
-WATCHDOG_S = 30.0  # see GatewayConfig.engine_timeout
-# A Hello the engine has not answered is re-sent this rarely, so a stalled engine does not find
-# a pile of Hellos (each answered with the whole tokenizer) when it resumes.
-UNANSWERED_HELLO_RETRY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -87,37 +73,23 @@ class EngineEvents(Protocol):
 
 class EngineClient:
     def __init__(
-        self,
-        address: str,
-        events: EngineEvents,
-        *,
-        model_name: str | None = None,
-        gateway_id: str | None = None,
-        watchdog_s: float = WATCHDOG_S,
+        self, address: str, events: EngineEvents, *, model_name: str | None = None, watchdog_s: float = WATCHDOG_S
     ) -> None:
         self.address = address
-        self.gateway_id = gateway_id or f"gw-{uuid.uuid4().hex}"
         self.model: ServedModel | None = None
         self.stats: EngineStats | None = None
         self.kv_index = KvIndex()
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
         self._events = events
+        self._link = EngineLink(address, self, watchdog_s=watchdog_s)
         self._ready = False
         self._model_name = model_name
-        self._watchdog_s = watchdog_s
         self._in_flight: InFlight = {}
-        self._connected = False
         self._connection_epoch = 0  # bumped whenever the engine is lost; stale Ready handling checks it
-        self._last_message_at = time.monotonic()
-        self._last_hello_at = 0.0
         self._last_rejection = ""
         self._tokenizer_source: bytes | None = None
         self._tokenizer: Tokenizer | None = None
-        self._context: zmq.asyncio.Context | None = None
-        self._socket: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def ready(self) -> bool:
@@ -142,33 +114,11 @@ class EngineClient:
         return len(self._in_flight)
 
     async def start(self) -> None:
-        self._context = zmq.asyncio.Context()
-        self._socket = make_socket(
-            self._context, zmq.DEALER, self.address, bind=False, identity=self.gateway_id.encode()
-        )
-        monitor_address = f"inproc://ember-gateway-monitor-{self.gateway_id}"
-        self._socket.monitor(monitor_address, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        self._monitor = make_socket(self._context, zmq.PAIR, monitor_address, bind=False)
-        # The handshake may finish before the monitor is attached and go unreported: this Hello,
-        # queued until the connection is up, gets an answer either way.
-        self._send_hello()
-        self._tasks = [
-            asyncio.create_task(_forever(loop), name=loop.__name__)
-            for loop in (self._receive_loop, self._monitor_loop, self._tick_loop)
-        ]
+        await self._link.start()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._link.close()
         fail(self._in_flight, "the gateway is shutting down")
-        if self._socket is not None:
-            self._socket.disable_monitor()
-        for socket in (self._monitor, self._socket):
-            if socket is not None:
-                socket.close()
-        if self._context is not None:
-            self._context.term()
 
     def retire(self, reason: str) -> InFlight:
         """This engine leaves the pool: it is lost, and its requests in flight are returned."""
@@ -180,7 +130,7 @@ class EngineClient:
         if not self.accepting:
             raise engine_unavailable()
         for index, generate in enumerate(generates):
-            if not self._send(generate):
+            if not self._link.send(generate):
                 self.release([g.request_id for g in generates[:index]])
                 raise engine_unavailable("the engine is not accepting requests right now")
             self._in_flight[generate.request_id] = InFlightRequest(queue, index, generate)
@@ -193,7 +143,7 @@ class EngineClient:
             return in_flight
         refused: InFlight = {}
         for request_id, request in in_flight.items():
-            if self._send(request.resumed()):
+            if self._link.send(request.resumed()):
                 self._in_flight[request_id] = request
             else:
                 refused[request_id] = request
@@ -204,57 +154,28 @@ class EngineClient:
         """Stop routing these requests; the ones the engine has not finished are aborted."""
         unfinished = [request_id for request_id in request_ids if self._in_flight.pop(request_id, None) is not None]
         if unfinished:
-            self._send(Abort(unfinished))
+            self._link.send(Abort(unfinished))
 
-    def _send(self, message: Hello | Generate | Abort | KvSync) -> bool:
-        """Send without waiting (so an Abort leaves in the caller's event-loop turn); False if zmq
-        could not queue it."""
-        assert self._socket is not None
-        # Never awaited: with DONTWAIT and no send ever left pending, the future is already done.
-        sent = self._socket.send(encode(message), zmq.DONTWAIT)
-        if sent.done() and sent.exception() is not None:
-            logger.warning("could not send %s to the engine: %s", type(message).__name__, sent.exception())
-            return False
-        return True
+    async def on_message(self, message: EngineMessage, step_started_at: float) -> None:
+        if isinstance(message, StepOutputs):
+            self._set_stats(message.stats)
+            deliver(self._in_flight, message, step_started_at)
+        elif isinstance(message, Heartbeat):
+            self._on_heartbeat(message)
+        elif isinstance(message, Ready):
+            await self._on_ready(message)
+        elif isinstance(message, KvEvents):
+            self._on_kv_events(message)
+        else:
+            self._on_rejected(message)
 
-    def _send_hello(self) -> None:
-        self._last_hello_at = time.monotonic()
-        self._send(Hello(PROTOCOL_VERSION, self.gateway_id))
-
-    async def _receive_loop(self) -> None:
-        assert self._socket is not None
-        while True:
-            frames = await self._socket.recv_multipart()
-            try:
-                message = decode_engine_message(frames[-1])
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                logger.warning("dropping a malformed message from the engine: %s", exc)
-                continue
-            step_started_at, self._last_message_at = self._last_message_at, time.monotonic()
-            # Also covers a handshake that finished before the monitor was attached.
-            self._connected = True
-            try:
-                if isinstance(message, StepOutputs):
-                    self._on_step_outputs(message, step_started_at)
-                elif isinstance(message, Heartbeat):
-                    self._on_heartbeat(message)
-                elif isinstance(message, Ready):
-                    await self._on_ready(message)
-                elif isinstance(message, KvEvents):
-                    self._on_kv_events(message)
-                else:
-                    self._on_rejected(message)
-            except Exception:
-                logger.exception("failed to handle a %s from the engine", type(message).__name__)
-
-    def _on_step_outputs(self, message: StepOutputs, step_started_at: float) -> None:
-        self._set_stats(message.stats)
-        deliver(self._in_flight, message, step_started_at)
+    def on_lost(self, reason: str) -> None:
+        self._events.engine_lost(self, reason, self._lose(reason))
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
         self._set_stats(message.stats)
         if self.model is not None and message.engine_id != self.model.engine_id:
-            self._lost("the engine restarted")
+            self.on_lost("the engine restarted")
         elif message.draining and not self.draining:
             self.draining = True
             logger.warning("engine %s (%s) is draining: no new requests go to it", self.address, message.engine_id)
@@ -263,7 +184,7 @@ class EngineClient:
     def _on_kv_events(self, message: KvEvents) -> None:
         if self.model is not None and message.engine_id == self.model.engine_id and self.kv_index.apply(message):
             logger.info("missed KV events of engine %s; asking for a snapshot", self.address)
-            self._send(KvSync())
+            self._link.send(KvSync())
 
     def _set_stats(self, stats: EngineStats) -> None:
         self.stats = stats
@@ -274,7 +195,7 @@ class EngineClient:
             self._log_rejection(f"engine speaks protocol {message.protocol_version}, this gateway {PROTOCOL_VERSION}")
             return
         if self.model is not None and message.engine_id != self.model.engine_id:
-            self._lost("the engine restarted")
+            self.on_lost("the engine restarted")
         elif self.ready:
             return  # an answer to an extra Hello
         epoch = self._connection_epoch
@@ -299,7 +220,7 @@ class EngineClient:
         code = int(message.code)
         if not message.request_id:
             self._log_rejection(f"the engine rejected this gateway ({code}): {message.message}")
-            self._lost(message.message)
+            self.on_lost(message.message)
             return
         request = self._in_flight.pop(message.request_id, None)
         if code == 503:
@@ -313,32 +234,6 @@ class EngineClient:
         else:
             request.fail(failure)
 
-    async def _monitor_loop(self) -> None:
-        assert self._monitor is not None
-        while True:
-            event = parse_monitor_message(await self._monitor.recv_multipart())["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected = True
-                self._send_hello()
-            elif event == zmq.EVENT_DISCONNECTED:
-                self._connected = False
-                self._lost("lost the connection to the engine")
-
-    async def _tick_loop(self) -> None:
-        while True:
-            await asyncio.sleep(HELLO_INTERVAL_S)
-            now = time.monotonic()
-            silence = now - self._last_message_at
-            if self.ready and silence > self._watchdog_s:
-                self._lost(f"no message from the engine for {self._watchdog_s:g} s")
-            if not self.ready and self._connected:
-                unanswered = self._last_hello_at > self._last_message_at
-                if not unanswered or now - self._last_hello_at >= UNANSWERED_HELLO_RETRY_S:
-                    self._send_hello()
-
-    def _lost(self, reason: str) -> None:
-        self._events.engine_lost(self, reason, self._lose(reason))
-
     def _lose(self, reason: str) -> InFlight:
         """Mark the engine lost; returns the requests that were in flight on it, aborted there."""
         if self.ready:
@@ -350,7 +245,7 @@ class EngineClient:
         in_flight, self._in_flight = self._in_flight, {}
         if in_flight:
             # The engine may still be alive (only silent): stop it spending work on these.
-            self._send(Abort(list(in_flight)))
+            self._link.send(Abort(list(in_flight)))
         return in_flight
 
     def _log_rejection(self, message: str) -> None:
@@ -369,17 +264,6 @@ class EngineClient:
                 tokenizer = None
             self._tokenizer_source, self._tokenizer = spec_bytes, tokenizer
         return self._tokenizer
-
-
-async def _forever(loop: Callable[[], Awaitable[None]]) -> None:
-    """Keeps one of the client's loops running: a bug hit by one message must not leave the
-    gateway deaf to the engine."""
-    while True:
-        try:
-            await loop()
-        except Exception:
-            logger.exception("%s failed; restarting it", loop.__name__)
-            await asyncio.sleep(0.1)
 
 
 def _build_tokenizer(spec_bytes: bytes) -> Tokenizer:
