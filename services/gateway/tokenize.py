@@ -12,6 +12,7 @@ from ember_gateway.errors import ApiError
 from ember_gateway.intake import accept
 from ember_gateway.logprobs import token_string
 from ember_gateway.respond import json_response
+from ember_gateway.responses import DetokenizeResponse, TokenizeResponse
 from ember_gateway.schemas import DetokenizeRequest, TokenizeRequest
 
 
@@ -24,19 +25,19 @@ async def tokenize(request: web.Request) -> web.Response:
         tokens = render_prompt(body, model)
     else:
         tokens = tokenizer.encode_prompt(body.prompt) if body.add_special_tokens else tokenizer.encode(body.prompt)
-    return json_response({
-        "count": len(tokens),
-        "max_model_len": model.card.max_model_len,
-        "tokens": tokens,
-        "token_strs": [token_string(tokenizer, token) for token in tokens] if body.return_token_strs else None,
-    })
+    return json_response(TokenizeResponse(
+        count=len(tokens),
+        max_model_len=model.card.max_model_len,
+        tokens=tokens,
+        token_strs=[token_string(tokenizer, token) for token in tokens] if body.return_token_strs else None,
+    ))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     _, model, body = await accept(request, DetokenizeRequest)
     tokenizer = _tokenizer(model)
     try:
-        return json_response({"prompt": tokenizer.decode(body.tokens)})
+        return json_response(DetokenizeResponse(prompt=tokenizer.decode(body.tokens)))
     except ValueError as exc:
         raise ApiError(400, str(exc), param="tokens") from None
 
