@@ -15,7 +15,6 @@ from a request's first byte. It relies on RequestHandler internals of aiohttp 3.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -43,7 +42,7 @@ class EdgeLimits:
 def _busy_response() -> bytes:
     error = ApiError(503, "the gateway has too many open connections; retry shortly", type="service_unavailable_error",
                      code="too_many_connections")
-    body = json.dumps(error.body()).encode()
+    body = error.json_text().encode()
     head = (
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"

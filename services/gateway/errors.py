@@ -1,10 +1,14 @@
-"""OpenAI-style errors: one exception type for every client-visible failure, and its JSON body."""
+"""OpenAI-style errors: one exception type for every client-visible failure, and its JSON body
+(ErrorResponse, responses.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
 
+import msgspec
 from aiohttp import web
+
+from ember_gateway.responses import ErrorDetail, ErrorResponse
 
 
 class ApiError(Exception):
@@ -29,11 +33,16 @@ class ApiError(Exception):
         self.headers = headers or {}
         self.close_connection = close_connection
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
+
+    def json_text(self) -> str:
+        """The body of an error answer as json.dumps writes it (`", "` and `": "`, non-ASCII escaped),
+        as these answers always were; a body or stream already sent as 200 has it msgspec-encoded."""
+        return json.dumps(msgspec.to_builtins(self.body()))
 
     def response(self) -> web.Response:
-        response = web.json_response(self.body(), status=self.status, headers=self.headers)
+        response = web.json_response(text=self.json_text(), status=self.status, headers=self.headers)
         if self.close_connection:
             response.force_close()
         return response
