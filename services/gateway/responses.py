@@ -1,6 +1,7 @@
-"""Response bodies as msgspec Structs, which openapi.py describes. formats.py, logprobs.py,
-respond.py and app.py build theirs as these, and msgspec encodes them (a field left UNSET is left
-out); tokenize.py and errors.py build dicts, which tests/gateway/test_openapi.py checks."""
+"""Response bodies as msgspec Structs, which openapi.py describes. Every body the gateway sends is
+built as one of these (formats.py, logprobs.py, respond.py, app.py, tokenize.py, and errors.py for
+the error body), so the document cannot drift from them; msgspec encodes them (a field left UNSET
+is left out)."""
 
 from __future__ import annotations
 

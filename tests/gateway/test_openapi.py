@@ -1,22 +1,19 @@
-"""GET /openapi.json: valid OpenAPI 3.1, open without an API key, covering every route of the app,
-and describing what the gateway really sends: the bodies that tokenize.py and errors.py build as
-dicts are checked against it here (the others are built as the Structs it is made from)."""
+"""GET /openapi.json: valid OpenAPI 3.1, open without an API key, and covering every route of the
+app. Every body the gateway sends is built as a Struct of responses.py, which the document is made
+from, so real bodies are not checked against it here."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from ember_gateway.app import create_app
 from ember_gateway.config import GatewayConfig
 from ember_gateway.openapi import DOCUMENT
-from tests.gateway.conftest import Gateway, StartGateway
+from tests.gateway.conftest import StartGateway
 from tests.gateway.fake_engine import FakeEngine
-
-MODEL = "fake-model"
 
 
 def ember_errors(instance: Any, schema_name: str) -> list[str]:
@@ -58,21 +55,3 @@ async def test_served_without_an_api_key(fake_engine: FakeEngine, start_gateway:
         assert response.status == 200 and await response.json() == DOCUMENT
     async with gateway.http.get("/v1/models") as response:
         assert response.status == 401
-
-
-@pytest.mark.parametrize(
-    "path, body, schema_name",
-    [
-        ("/tokenize", {"model": MODEL, "prompt": "hi"}, "TokenizeResponse"),
-        ("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "return_token_strs": True},
-         "TokenizeResponse"),
-        ("/detokenize", {"model": MODEL, "tokens": [104, 105]}, "DetokenizeResponse"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 9},
-         "ErrorResponse"),
-        ("/v1/completions", {"model": "no-such-model", "prompt": "hi"}, "ErrorResponse"),
-    ],
-)
-async def test_real_bodies_match_the_document(gateway: Gateway, path: str, body: dict[str, Any], schema_name: str):
-    status, answer = await gateway.post(path, body)
-    assert (status == 200) == (schema_name != "ErrorResponse"), answer
-    assert ember_errors(answer, schema_name) == []
