@@ -35,7 +35,10 @@ ChunkChoice = ChatCompletionChunkChoice | CompletionChunkChoice
 _CompletionChoiceShape = TypeVar("_CompletionChoiceShape", CompletionChoice, CompletionChunkChoice)
 
 
-class ResponseFormat(Protocol):
+class ApiShape(Protocol):
+    """The chat or the completions shape of a response (ChatFormat, CompletionFormat): its body and
+    chunk types and the choices in them. Not OpenAI's `response_format` request field (constraints.py)."""
+
     object_name: str
     chunk_object_name: str
     body_type: type[ChatCompletion | Completion]

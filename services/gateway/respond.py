@@ -1,6 +1,6 @@
 """The steps after the plan, which completions and chat share: submit the choices (a Generation),
-take their updates, shape them with the API's ResponseFormat, and answer with one JSON body or an
-SSE stream."""
+take their updates, shape them as the API's bodies or chunks (its ApiShape, formats.py), and answer
+with one JSON body or an SSE stream."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ember_core.output_processor import ChoiceRequest, ChoiceResult
 from ember_gateway.connections import client_half_closed
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
-from ember_gateway.formats import ResponseFormat
+from ember_gateway.formats import ApiShape
 from ember_gateway.generation import Generation
 from ember_gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Usage
 from ember_gateway.sse import DONE, open_stream, sse_event
@@ -35,7 +35,7 @@ async def respond(
     request: web.Request,
     state: GatewayState,
     model: ServedModel,
-    response_format: ResponseFormat,
+    api_shape: ApiShape,
     *,
     request_id: str,
     arrived_at: float,
@@ -57,8 +57,8 @@ async def respond(
     envelope = _Envelope(request_id, int(time.time()), model.name, prompt_tokens)
     with generation:
         if stream:
-            return await _stream(request, generation, response_format, envelope, len(choices), include_usage)
-        answer = asyncio.ensure_future(_answer(generation, response_format, envelope, len(choices)))
+            return await _stream(request, generation, api_shape, envelope, len(choices), include_usage)
+        answer = asyncio.ensure_future(_answer(generation, api_shape, envelope, len(choices)))
         try:
             response = await _await_or_heartbeat(request, answer, lambda: _open_json(request), b" ")
         finally:
@@ -75,13 +75,13 @@ async def respond(
 
 
 async def _answer(
-    generation: Generation, response_format: ResponseFormat, envelope: _Envelope, num_choices: int
+    generation: Generation, api_shape: ApiShape, envelope: _Envelope, num_choices: int
 ) -> ChatCompletion | Completion:
     results = [ChoiceResult(index) for index in range(num_choices)]
     while (update := await generation.next_update()) is not None:
         results[update.index].add(update)
-    body_choices = [response_format.final_choice(result) for result in results]
-    return envelope(response_format.body_type, response_format.object_name, body_choices, envelope.usage(generation))
+    body_choices = [api_shape.final_choice(result) for result in results]
+    return envelope(api_shape.body_type, api_shape.object_name, body_choices, envelope.usage(generation))
 
 
 async def _await_or_heartbeat(
@@ -149,7 +149,7 @@ class _Envelope:
 async def _stream(
     request: web.Request,
     generation: Generation,
-    response_format: ResponseFormat,
+    api_shape: ApiShape,
     envelope: _Envelope,
     num_choices: int,
     include_usage: bool,
@@ -168,16 +168,16 @@ async def _stream(
     chunk_usage = None if include_usage else UNSET
 
     async def send(choices: list[Any], usage: Usage | None | UnsetType = chunk_usage) -> None:
-        chunk = envelope(response_format.chunk_type, response_format.chunk_object_name, choices, usage)
+        chunk = envelope(api_shape.chunk_type, api_shape.chunk_object_name, choices, usage)
         await response.write(sse_event(chunk))
 
     try:
         update = first.result()
         for index in range(num_choices):
-            if (start := response_format.stream_start(index)) is not None:
+            if (start := api_shape.stream_start(index)) is not None:
                 await send([start])
         while update is not None:
-            for choice in response_format.stream_choices(update):
+            for choice in api_shape.stream_choices(update):
                 await send([choice])
             update = await generation.next_update()
         if include_usage:
