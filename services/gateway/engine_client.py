@@ -156,10 +156,10 @@ class EngineClient:
         if unfinished:
             self._link.send(Abort(unfinished))
 
-    async def on_message(self, message: EngineMessage, step_started_at: float) -> None:
+    async def on_message(self, message: EngineMessage, previous_message_at: float) -> None:
         if isinstance(message, StepOutputs):
             self._set_stats(message.stats)
-            deliver(self._in_flight, message, step_started_at)
+            deliver(self._in_flight, message, previous_message_at)
         elif isinstance(message, Heartbeat):
             self._on_heartbeat(message)
         elif isinstance(message, Ready):

@@ -42,8 +42,8 @@ class LinkListener(Protocol):
         """Whether the engine answered Hello: the watchdog runs, and no more Hellos go out."""
         ...
 
-    async def on_message(self, message: EngineMessage, step_started_at: float) -> None:
-        """step_started_at: time.monotonic() when the link received the engine's previous message."""
+    async def on_message(self, message: EngineMessage, previous_message_at: float) -> None:
+        """previous_message_at: time.monotonic() when the link received the engine's previous message."""
         ...
 
     def on_lost(self, reason: str) -> None: ...
@@ -116,11 +116,11 @@ class EngineLink:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 logger.warning("dropping a malformed message from the engine: %s", exc)
                 continue
-            step_started_at, self._last_message_at = self._last_message_at, time.monotonic()
+            previous_message_at, self._last_message_at = self._last_message_at, time.monotonic()
             # Also covers a handshake that finished before the monitor was attached.
             self._connected = True
             try:
-                await self._listener.on_message(message, step_started_at)
+                await self._listener.on_message(message, previous_message_at)
             except Exception:
                 logger.exception("failed to handle a %s from the engine", type(message).__name__)
 

@@ -98,7 +98,7 @@ class Generation:
         """The next update of any choice; None once every choice has finished. Raises ApiError
         when the engine rejects or loses a request, or the request times out."""
         while self._processor.num_unfinished:
-            index, item, step_started_at = await self._next_output()
+            index, item, previous_message_at = await self._next_output()
             if self._processor.finished(index):
                 continue  # queued before a stop string ended the choice
             if isinstance(item, EngineFailure):
@@ -110,7 +110,7 @@ class Generation:
                 raise self._timeout_error() if self._past_deadline() else ApiError(
                     503, "the engine aborted the request", type="service_unavailable_error"
                 )
-            self._record(self._choices[index], update, step_started_at)
+            self._record(self._choices[index], update, previous_message_at)
             if update.text or update.token_ids or update.finish_reason:
                 return update
         return None
@@ -124,20 +124,21 @@ class Generation:
         except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             raise self._timeout_error() from None
 
-    def _record(self, choice: _Choice, update: ChoiceUpdate, step_started_at: float) -> None:
+    def _record(self, choice: _Choice, update: ChoiceUpdate, previous_message_at: float) -> None:
         if update.ended_by_stop_string:
             self._pool.release([choice.request_id])
         if update.token_ids:
-            self._record_tokens(choice, len(update.token_ids), step_started_at)
+            self._record_tokens(choice, len(update.token_ids), previous_message_at)
         if update.finish_reason is not None:
             self._record_finish(update.finish_reason.label)
 
-    def _record_tokens(self, choice: _Choice, count: int, step_started_at: float) -> None:
+    def _record_tokens(self, choice: _Choice, count: int, previous_message_at: float) -> None:
         now = time.monotonic()
         name = self._model.name
         if choice.last_token_at is None:
             self._metrics.time_to_first_token.labels(name).observe(now - self._arrived_at)
-            self._metrics.request_queue_time.labels(name).observe(max(0.0, step_started_at - self._arrived_at))
+            # the engine's message before the first token's: about when the step that computed it began
+            self._metrics.request_queue_time.labels(name).observe(max(0.0, previous_message_at - self._arrived_at))
             self._metrics.prompt_tokens.labels(name).inc(choice.prompt_length)
         else:
             self._metrics.inter_token_latency.labels(name).observe(now - choice.last_token_at)

@@ -26,7 +26,7 @@ class EngineFailure:
 class Output(NamedTuple):
     index: int  # position of the engine request in its submission
     item: RequestDelta | EngineFailure
-    step_started_at: float  # time.monotonic() when the gateway received the engine's previous message
+    previous_message_at: float  # time.monotonic() when the gateway received the engine's previous message
 
 
 @dataclass(eq=False)
@@ -51,7 +51,7 @@ class InFlightRequest:
 InFlight = dict[str, InFlightRequest]  # by request id
 
 
-def deliver(in_flight: InFlight, message: StepOutputs, step_started_at: float) -> None:
+def deliver(in_flight: InFlight, message: StepOutputs, previous_message_at: float) -> None:
     """Put each delta on its request's queue; a finished request leaves in_flight."""
     for delta in message.outputs:
         request = in_flight.get(delta.request_id)
@@ -61,7 +61,7 @@ def deliver(in_flight: InFlight, message: StepOutputs, step_started_at: float) -
             del in_flight[delta.request_id]
         else:  # for a resume on another engine
             request.output_token_ids.extend(delta.new_token_ids)
-        request.queue.put_nowait(Output(request.index, delta, step_started_at))
+        request.queue.put_nowait(Output(request.index, delta, previous_message_at))
 
 
 def fail(in_flight: InFlight, message: str) -> None:
