@@ -13,14 +13,16 @@ import sys
 
 from aiohttp import web
 
+from ember_core.config_flags import add_flags, comma_list, config_flags, config_kwargs, field_docs
 from ember_core.log_level import add_log_level_argument, configure_logging
 from ember_gateway.app import create_app, start_runner
-from ember_gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig
+from ember_gateway.config import GatewayConfig
 from ember_gateway.router import ROUTING_MODES
 from ember_gateway.state import STATE
 
 logger = logging.getLogger("ember_gateway")
 
+DEFAULT_ENGINE = "tcp://127.0.0.1:5555"
 # In-flight requests get this long to finish after SIGTERM before their connections are closed.
 SHUTDOWN_GRACE_S = 10.0
 
@@ -42,80 +44,33 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
+GATEWAY_FLAGS = config_flags(
+    GatewayConfig,
+    skip=("engine_addresses",),  # --engine: repeatable, so build_parser declares it
+    parse={
+        "request_timeout": _positive_seconds, "engine_timeout": _positive_seconds, "header_timeout": _positive_seconds,
+        "body_timeout": _positive_seconds, "keepalive_timeout": _positive_seconds,
+        "engine_wait": _seconds, "engine_resume_wait": _seconds,
+    },
+    choices={"routing": ROUTING_MODES},
+    no_env=("listen_fd",),
+)
+# --listen-fd is what a launcher passes, not one of the options `ember serve` takes
+_SHARED_FLAGS = [flag for flag in GATEWAY_FLAGS if flag.field != "listen_fd"]
+
+
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP front end's options (all but --engine and --log-level), shared with `ember serve`."""
-    env = os.environ.get
-    parser.add_argument("--host", default=env("EMBER_HOST", "127.0.0.1"), help="(EMBER_HOST)")
-    parser.add_argument("--port", type=int, default=env("EMBER_PORT", "8000"), help="0 picks a free port (EMBER_PORT)")
-    parser.add_argument(
-        "--api-key", default=env("EMBER_API_KEY"), help="require `Authorization: Bearer KEY` on /v1 (EMBER_API_KEY)"
-    )
-    parser.add_argument(
-        "--max-pending", type=int, default=env("EMBER_MAX_PENDING", "256"),
-        help="engine requests (prompts x n) in flight before answering 429 (EMBER_MAX_PENDING)",
-    )
-    parser.add_argument(
-        "--request-timeout", type=_positive_seconds, default=env("EMBER_REQUEST_TIMEOUT"),
-        help="seconds a request may take before it is aborted; default none (EMBER_REQUEST_TIMEOUT)",
-    )
-    parser.add_argument(
-        "--max-body-bytes", type=int, default=env("EMBER_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)),
-        help="larger request bodies get 413 (EMBER_MAX_BODY_BYTES)",
-    )
-    parser.add_argument(
-        "--header-timeout", type=_positive_seconds, default=env("EMBER_HEADER_TIMEOUT", "10"),
-        help="seconds from a request's first byte to the end of its headers, else the connection is closed "
-        "(EMBER_HEADER_TIMEOUT)",
-    )
-    parser.add_argument(
-        "--body-timeout", type=_positive_seconds, default=env("EMBER_BODY_TIMEOUT", "10"),
-        help="longest wait for more of a request body (a minimum body rate), else 408 (EMBER_BODY_TIMEOUT)",
-    )
-    parser.add_argument(
-        "--keepalive-timeout", type=_positive_seconds, default=env("EMBER_KEEPALIVE_TIMEOUT", "30"),
-        help="seconds an idle connection is kept open between requests (EMBER_KEEPALIVE_TIMEOUT)",
-    )
-    parser.add_argument(
-        "--max-connections", type=int, default=env("EMBER_MAX_CONNECTIONS", "1024"),
-        help="open HTTP connections; more are answered 503 at accept (EMBER_MAX_CONNECTIONS)",
-    )
-    parser.add_argument(
-        "--model-name", default=env("EMBER_MODEL_NAME"),
-        help="served model name; default the engine's model id (EMBER_MODEL_NAME)",
-    )
-    parser.add_argument(
-        "--engine-timeout", type=_positive_seconds, default=env("EMBER_ENGINE_TIMEOUT", "30"),
-        help="seconds of engine silence before it counts as gone (a hung engine; it heartbeats during long steps) (EMBER_ENGINE_TIMEOUT)",
-    )
-    parser.add_argument(
-        "--engine-wait", type=_seconds, default=env("EMBER_ENGINE_WAIT", "5"),
-        help="seconds a request arriving while no engine is ready waits for one before 503 (EMBER_ENGINE_WAIT)",
-    )
-    parser.add_argument(
-        "--engine-resume-wait", type=_seconds, default=env("EMBER_ENGINE_RESUME_WAIT", "0"),
-        help="seconds requests in flight on a lost engine wait for a restarted one, which continues them where they "
-        "were; 0: they fail at once (EMBER_ENGINE_RESUME_WAIT)",
-    )
-    parser.add_argument(
-        "--routing", choices=ROUTING_MODES, default=env("EMBER_ROUTING", "kv"),
-        help="which engine takes a request: kv (where its prefix is cached, weighed against load), load, or "
-        "round-robin (EMBER_ROUTING)",
-    )
-    parser.add_argument(
-        "--allowed-origins", default=env("EMBER_ALLOWED_ORIGINS", "*"),
-        help="comma-separated origins browsers may call from (CORS); * any, empty none (EMBER_ALLOWED_ORIGINS)",
-    )
+    """The HTTP front end's options (all but --engine, --listen-fd and --log-level), shared with `ember serve`."""
+    add_flags(parser, _SHARED_FLAGS)
 
 
 def gateway_options_argv(args: argparse.Namespace) -> list[str]:
     """The gateway options in `args` as command-line flags, for a launcher that starts the gateway."""
-    options = argparse.ArgumentParser(add_help=False)
-    add_gateway_arguments(options)
     argv: list[str] = []
-    for name in vars(options.parse_args([])):
-        value = getattr(args, name)
+    for flag in _SHARED_FLAGS:
+        value = getattr(args, flag.field)
         if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            argv += [flag.option, str(value)]
     return argv
 
 
@@ -123,44 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember-gateway", description="OpenAI-compatible gateway for ember engines")
     parser.add_argument(
         "--engine", action="append",
-        help="engine address: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT for every address NAME resolves to "
-        "(looked up every 2 s); repeat the flag or separate addresses by commas "
-        "(EMBER_ENGINE; default tcp://127.0.0.1:5555)",
+        help=f"{field_docs(GatewayConfig)['engine_addresses']}; repeat the flag or separate addresses by commas "
+        f"(EMBER_ENGINE; default {DEFAULT_ENGINE})",
     )
-    add_gateway_arguments(parser)
-    parser.add_argument(
-        "--listen-fd", type=int, default=None,
-        help="serve on this inherited listening socket instead of binding --host/--port (what `ember serve` passes)",
-    )
+    add_flags(parser, GATEWAY_FLAGS)
     add_log_level_argument(parser)
     return parser
 
 
-def engine_addresses(values: list[str]) -> tuple[str, ...]:
-    return tuple(address.strip() for value in values for address in value.split(",") if address.strip())
-
-
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    return GatewayConfig(
-        engine_addresses=engine_addresses(args.engine or [os.environ.get("EMBER_ENGINE", "tcp://127.0.0.1:5555")]),
-        routing=args.routing,
-        host=args.host,
-        port=args.port,
-        listen_fd=args.listen_fd,
-        api_key=args.api_key or None,
-        max_pending=args.max_pending,
-        request_timeout=args.request_timeout,
-        max_body_bytes=args.max_body_bytes,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        keepalive_timeout=args.keepalive_timeout,
-        max_connections=args.max_connections,
-        model_name=args.model_name or None,
-        engine_timeout=args.engine_timeout,
-        engine_wait=args.engine_wait,
-        engine_resume_wait=args.engine_resume_wait,
-        allowed_origins=tuple(origin.strip() for origin in args.allowed_origins.split(",") if origin.strip()),
-    )
+    engines = ",".join(args.engine or [os.environ.get("EMBER_ENGINE", DEFAULT_ENGINE)])
+    return GatewayConfig(engine_addresses=comma_list(engines), **config_kwargs(GATEWAY_FLAGS, args))
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -1,4 +1,4 @@
-"""Gateway settings: one frozen dataclass, validated once; the CLI and env vars map onto it."""
+"""Gateway settings: one frozen dataclass, validated once; the CLI flags and env vars are made from it."""
 
 from __future__ import annotations
 
@@ -7,43 +7,55 @@ from dataclasses import dataclass
 
 from ember_gateway.router import ROUTING_MODES
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    # The engines' ROUTERs: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT (every address of
-    # NAME, looked up every few seconds: a Kubernetes headless Service, a compose service).
+    """Each field's docstring is its flag's help (cli.py) and its row in the README's flag table."""
+
     engine_addresses: tuple[str, ...]
-    routing: str = "kv"  # which engine takes a request: router.ROUTING_MODES
+    """engine address: tcp://HOST:PORT, ipc://PATH, or dns+tcp://NAME:PORT for every address NAME
+    resolves to (looked up every 2 s: a Kubernetes headless Service, a compose service)"""
+    routing: str = "kv"
+    """which engine takes a request: kv (where its prefix is cached, weighed against load), load, or
+    round-robin"""
     host: str = "127.0.0.1"
+    """the address to listen on"""
     port: int = 8000
+    """the port to listen on; 0 picks a free port"""
     api_key: str | None = None
-    # Engine requests (prompts x n) this gateway keeps in flight before answering 429.
+    """require `Authorization: Bearer KEY` on /v1"""
     max_pending: int = 256
-    request_timeout: float | None = None  # seconds from arrival; None: no limit
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    model_name: str | None = None  # served model name; None: the engine's model id
-    # Silence after which a connected engine counts as gone: a hung or stopped engine. It heartbeats
-    # between steps and, from a thread, during long ones; a killed engine is noticed at once
-    # through the socket's disconnect event instead.
+    """engine requests (prompts x n) in flight before answering 429"""
+    request_timeout: float | None = None
+    """seconds from a request's arrival before it is aborted"""
+    max_body_bytes: int = 4 * 1024 * 1024
+    """larger request bodies get 413"""
+    model_name: str | None = None
+    """served model name; none: the engine's model id"""
+    # A killed engine is noticed at once through the socket's disconnect event instead.
     engine_timeout: float = 30.0
-    # Origins browsers may call the API from (CORS); "*": any, empty: no CORS headers.
+    """seconds of silence after which an engine counts as gone: hung or stopped, since it heartbeats
+    during long steps too"""
     allowed_origins: tuple[str, ...] = ("*",)
-    # A request that arrives while no engine is ready waits this long for one before its 503: a
-    # gateway that just started (or was restarted by `ember serve`) is ready a moment after its engine.
+    """comma-separated origins browsers may call from (CORS); `*` any, empty none"""
+    # A gateway that just started (or was restarted by `ember serve`) is ready a moment after its engine.
     engine_wait: float = 5.0
-    # Requests in flight when the engine is lost wait this long for a restarted engine serving the
-    # same model, which continues each after the tokens it already sent; 0: they fail at once.
+    """seconds a request arriving while no engine is ready waits for one before 503"""
     engine_resume_wait: float = 0.0
-    # The HTTP edge (connections.py): seconds from a request's first byte to the end of its headers,
-    # the longest wait for more of a request body, an idle connection's life, and open connections.
+    """seconds requests in flight on a lost engine wait for a restarted one serving the same model,
+    which continues them where they were; 0: they fail at once"""
+    # The HTTP edge (connections.py).
     header_timeout: float = 10.0
+    """seconds from a request's first byte to the end of its headers, else the connection is closed"""
     body_timeout: float = 10.0
+    """longest wait for more of a request body (a minimum body rate), else 408"""
     keepalive_timeout: float = 30.0
+    """seconds an idle connection is kept open between requests"""
     max_connections: int = 1024
-    # A listening socket inherited from a launcher (`ember serve`), served instead of binding host:port.
+    """open HTTP connections; more are answered 503 at accept"""
     listen_fd: int | None = None
+    """serve on this inherited listening socket instead of binding --host/--port (what `ember serve`
+    passes)"""
 
     def __post_init__(self) -> None:
         if not self.engine_addresses:

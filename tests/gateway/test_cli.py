@@ -1,5 +1,8 @@
+from dataclasses import fields
+
 import pytest
 
+from ember_core.config_flags import field_docs
 from ember_gateway.cli import build_parser, config_from_args
 from ember_gateway.config import GatewayConfig
 
@@ -24,11 +27,21 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "EMBER_MAX_BODY_BYTES": "65536",
         "EMBER_MODEL_NAME": "served",
         "EMBER_ROUTING": "load",
+        "EMBER_ENGINE_TIMEOUT": "7",
+        "EMBER_ALLOWED_ORIGINS": "https://a.example, https://b.example",
+        "EMBER_ENGINE_WAIT": "0",
+        "EMBER_ENGINE_RESUME_WAIT": "60",
+        "EMBER_HEADER_TIMEOUT": "1.5",
+        "EMBER_BODY_TIMEOUT": "2",
+        "EMBER_KEEPALIVE_TIMEOUT": "3",
+        "EMBER_MAX_CONNECTIONS": "9",
     }.items():
         monkeypatch.setenv(name, value)
     assert config([]) == GatewayConfig(
         engine_addresses=("ipc:///tmp/engine.sock",), routing="load", host="0.0.0.0", port=9000, api_key="k",
-        max_pending=8, request_timeout=2.5, max_body_bytes=65536, model_name="served",
+        max_pending=8, request_timeout=2.5, max_body_bytes=65536, model_name="served", engine_timeout=7.0,
+        allowed_origins=("https://a.example", "https://b.example"), engine_wait=0.0, engine_resume_wait=60.0,
+        header_timeout=1.5, body_timeout=2.0, keepalive_timeout=3.0, max_connections=9,
     )
     assert config(["--port", "9001", "--max-pending", "3"]).port == 9001  # flags win
 
@@ -86,3 +99,22 @@ def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest
         engine_addresses=("ipc:///tmp/engine.sock",), port=9001, api_key="k", max_pending=3, request_timeout=2.5,
         max_body_bytes=65536, model_name="served", engine_timeout=7.0, allowed_origins=(), listen_fd=5,
     )
+
+
+def test_ember_serve_hands_on_an_empty_api_key_that_overrides_the_environment(monkeypatch: pytest.MonkeyPatch):
+    from ember_cli.serve import _gateway_argv
+    from ember_cli.serve import build_parser as serve_parser
+
+    monkeypatch.setenv("EMBER_API_KEY", "secret")  # the gateway inherits it
+    argv = _gateway_argv(serve_parser().parse_args(["--api-key", ""]), ["ipc:///tmp/engine.sock"], listen_fd=5)
+    assert config(argv[3:]).api_key is None
+
+
+def test_every_flag_but_engine_is_a_field_and_its_help_the_fields_docstring(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("EMBER_ENGINE_TIMEOUT", raising=False)
+    actions = {action.dest: action for action in build_parser()._actions}
+    for field in fields(GatewayConfig):
+        if field.name != "engine_addresses":
+            assert field_docs(GatewayConfig)[field.name] in actions[field.name].help
+    assert actions["engine_timeout"].default == GatewayConfig.engine_timeout
+    assert f"(default {GatewayConfig.engine_timeout:g}; EMBER_ENGINE_TIMEOUT)" in actions["engine_timeout"].help
