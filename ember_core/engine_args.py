@@ -8,46 +8,42 @@ import os
 import sys
 
 from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
-
-
-def _env(name: str, default):
-    """Every engine flag can also come from EMBER_<FLAG> (argparse converts string defaults with `type`)."""
-    return os.environ.get(f"EMBER_{name.upper()}", default)
+from ember_core.config_flags import env_default, env_name
 
 
 def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(f"EMBER_{name.upper()}")
+    value = os.environ.get(env_name(name))
     if value is None:
         return default
     if value.strip().lower() in ("1", "true", "yes", "on"):
         return True
     if value.strip().lower() in ("0", "false", "no", "off"):
         return False
-    print(f"ember: error: EMBER_{name.upper()} must be true or false, got {value!r}", file=sys.stderr)
+    print(f"ember: error: {env_name(name)} must be true or false, got {value!r}", file=sys.stderr)
     raise SystemExit(2)
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig()
-    parser.add_argument("--model", default=_env("model", DEFAULT_MODEL), help="local dir, .gguf file, hub repo id or short name")
-    parser.add_argument("--block-size", type=int, default=_env("block_size", defaults.block_size))
-    parser.add_argument("--num-blocks", type=int, default=_env("num_blocks", None),
+    parser.add_argument("--model", default=env_default("model", DEFAULT_MODEL), help="local dir, .gguf file, hub repo id or short name")
+    parser.add_argument("--block-size", type=int, default=env_default("block_size", defaults.block_size))
+    parser.add_argument("--num-blocks", type=int, default=env_default("num_blocks", None),
                         help="KV pool size in blocks (overrides --kv-cache-mib)")
-    parser.add_argument("--kv-cache-mib", type=float, default=_env("kv_cache_mib", defaults.kv_cache_mib))
-    parser.add_argument("--max-num-seqs", type=int, default=_env("max_num_seqs", defaults.max_num_seqs))
+    parser.add_argument("--kv-cache-mib", type=float, default=env_default("kv_cache_mib", defaults.kv_cache_mib))
+    parser.add_argument("--max-num-seqs", type=int, default=env_default("max_num_seqs", defaults.max_num_seqs))
     parser.add_argument("--max-num-batched-tokens", type=int,
-                        default=_env("max_num_batched_tokens", defaults.max_num_batched_tokens))
-    parser.add_argument("--max-model-len", type=int, default=_env("max_model_len", None))
-    parser.add_argument("--admission", choices=["preempt", "reserve"], default=_env("admission", defaults.admission))
-    parser.add_argument("--batching", choices=["continuous", "static"], default=_env("batching", defaults.batching))
-    parser.add_argument("--device", default=_env("device", None), help="cuda, mps or cpu (default: detected)")
-    parser.add_argument("--dtype", default=_env("dtype", None), help="float32, bfloat16, float16 or auto")
-    parser.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=_env("gguf_weights", defaults.gguf_weights),
+                        default=env_default("max_num_batched_tokens", defaults.max_num_batched_tokens))
+    parser.add_argument("--max-model-len", type=int, default=env_default("max_model_len", None))
+    parser.add_argument("--admission", choices=["preempt", "reserve"], default=env_default("admission", defaults.admission))
+    parser.add_argument("--batching", choices=["continuous", "static"], default=env_default("batching", defaults.batching))
+    parser.add_argument("--device", default=env_default("device", None), help="cuda, mps or cpu (default: detected)")
+    parser.add_argument("--dtype", default=env_default("dtype", None), help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=env_default("gguf_weights", defaults.gguf_weights),
                         help="float32 on CPU: keep GGUF Q4_0-Q8_0/Q2_K-Q6_K blocks and 16-bit weights as stored (default; same outputs) or expand them at load")
-    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=_env("kv_cache_dtype", defaults.kv_cache_dtype),
+    parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=env_default("kv_cache_dtype", defaults.kv_cache_dtype),
                         help="K/V storage; auto = the model's dtype. float16 or bfloat16 halve a float32 model's "
                              "cache (rounded K/V)")
-    parser.add_argument("--decode-attention", choices=DECODE_ATTENTION, default=_env("decode_attention", defaults.decode_attention),
+    parser.add_argument("--decode-attention", choices=DECODE_ATTENTION, default=env_default("decode_attention", defaults.decode_attention),
                         help="auto = ember's C++ kernel on CPU, FlexAttention elsewhere if it passes its start-up "
                              "check, else SDPA over gathered blocks")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
