@@ -119,3 +119,12 @@ def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
 def config_kwargs(flags: Sequence[Flag], args: argparse.Namespace) -> dict[str, Any]:
     return {flag.field: flag.value(getattr(args, flag.field)) for flag in flags}
 
+
+def markdown_table(flags: Sequence[Flag]) -> str:
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for flag in flags:
+        env = f"`{env_name(flag.field)}`" if flag.env else ""
+        default = f"`{flag.default}`" if isinstance(flag.default, str) else flag.shown_default
+        meaning = flag.help.replace("|", r"\|")
+        rows.append(f"| `{flag.option}` | {env} | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
