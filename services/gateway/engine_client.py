@@ -16,7 +16,7 @@ from typing import Protocol
 import msgspec
 
 from ember_core.tokenizer import Tokenizer, TokenizerSpec
-from ember_gateway.engine_link import WATCHDOG_S, EngineLink
+from ember_gateway.engine_link import EngineLink
 from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.kv_index import KvIndex
@@ -73,7 +73,7 @@ class EngineEvents(Protocol):
 
 class EngineClient:
     def __init__(
-        self, address: str, events: EngineEvents, *, model_name: str | None = None, watchdog_s: float = WATCHDOG_S
+        self, address: str, events: EngineEvents, *, model_name: str | None = None, watchdog_s: float
     ) -> None:
         self.address = address
         self.model: ServedModel | None = None

@@ -30,7 +30,6 @@ from ember_proto import (
 logger = logging.getLogger(__name__)
 
 HELLO_INTERVAL_S = 0.5
-WATCHDOG_S = 30.0  # see GatewayConfig.engine_timeout
 # A Hello the engine has not answered is re-sent this rarely, so a stalled engine does not find
 # a pile of Hellos (each answered with the whole tokenizer) when it resumes.
 UNANSWERED_HELLO_RETRY_S = 5.0
@@ -50,7 +49,7 @@ class LinkListener(Protocol):
 
 
 class EngineLink:
-    def __init__(self, address: str, listener: LinkListener, *, watchdog_s: float = WATCHDOG_S) -> None:
+    def __init__(self, address: str, listener: LinkListener, *, watchdog_s: float) -> None:
         self.address = address
         self.gateway_id = f"gw-{uuid.uuid4().hex}"
         self._listener = listener

@@ -56,9 +56,9 @@ class EnginePool:
         self,
         addresses: list[str],
         *,
+        watchdog_s: float,  # GatewayConfig.engine_timeout
         routing: str = "kv",
         model_name: str | None = None,
-        watchdog_s: float = 30.0,
         resume_wait_s: float = 0.0,
         resolve: Resolve = resolve_ips,
     ) -> None:
