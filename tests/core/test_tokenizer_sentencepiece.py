@@ -182,8 +182,10 @@ def test_decodes_match_transformers(pair: tuple[Tokenizer, Any], skip_special_to
 
 def test_chat_prompt_matches_transformers(pair: tuple[Tokenizer, Any]) -> None:
     ember, reference = pair
-    if ember.chat_template is None:
-        pytest.skip("no chat template in this case")
+    if ember.chat_template is None:  # the unigram case: chat is refused, not guessed
+        with pytest.raises(ValueError, match="no chat template"):
+            ember.render_chat(MESSAGES)
+        return
     text = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert ember.render_chat(MESSAGES) == text
     assert ember.apply_chat_template(MESSAGES) == reference.encode(text, add_special_tokens=False)
