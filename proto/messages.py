@@ -113,6 +113,7 @@ class Ready(_Message):
     engine_id: str  # new on every engine start: a gateway that sees it change lost its in-flight requests
     model: ModelCard
     block_size: int = 0  # of the prefix cache, whose hashes KvEvents carry; 0: no prefix cache
+    step_token_budget: int = 0  # tokens one step computes at most (max_num_batched_tokens); 0: unknown
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):
@@ -124,6 +125,8 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     # Prompt tokens looked up in the prefix cache since the engine started, and those found there.
     num_prefix_cache_queries: int = 0
     num_prefix_cache_hits: int = 0
+    # Prompt tokens queued to compute (the scheduler's estimate), what the gateways route by.
+    num_queued_prefill_tokens: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

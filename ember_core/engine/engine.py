@@ -167,6 +167,7 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions,
             num_prefix_cache_queries=self.scheduler.num_prefix_queries,
             num_prefix_cache_hits=self.scheduler.num_prefix_hits,
+            num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
         )
 
     def step(self) -> list[RequestDelta]:

@@ -17,6 +17,10 @@ admit) is of the most blocks a sequence holds at once, its prompt computed in ch
 window group holds its window plus one chunk) has its prompt chunks capped at that size: a
 preempted sequence comes back longer than it started, and must still run alone.
 
+The gateways route by the work a request would wait behind: `num_queued_prefill_tokens` is what the
+queue still has to compute of its prompts, each waiting prompt counted at its arrival without the
+prefix it found cached or queued ahead of it (a burst sharing a new system prompt computes it once).
+
 Static batching admits a batch only when the previous one is done. The batch stays open while
 the token budget is all that stops admission (its prompts then start over several steps) and
 closes once `max_num_seqs` sequences joined it, the queue is empty or the pool is full; a member
@@ -26,7 +30,7 @@ that finishes early leaves its place empty.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ember_core.cache.block_hash import extend_block_hashes
@@ -84,6 +88,10 @@ class Scheduler:
         # Prompt tokens looked up in the prefix cache at admission, and those found there.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
+        # Prefix hashes of the unfinished sequences' prompts, and each one's estimate at arrival of
+        # the prompt tokens it will compute.
+        self._queued_hashes: Counter[bytes] = Counter()
+        self._prefill_estimates: dict[int, tuple[int, int]] = {}  # seq id -> (tokens, hashes counted)
 
     @property
     def num_unfinished(self) -> int:
@@ -111,8 +119,22 @@ class Scheduler:
                     f"prompt of {seq.num_prompt_tokens} tokens needs {needed} KV blocks but the pool has only {pool}"
                 )
 
+    @property
+    def num_queued_prefill_tokens(self) -> int:
+        """Prompt tokens the unfinished sequences have yet to compute: the waiting ones as estimated
+        at their arrival, the running ones' rest."""
+        waiting = sum(self._prefill_estimates[seq.seq_id][0] for seq in self.waiting)
+        running = sum(seq.num_uncomputed_tokens for seq in self.running.values() if seq.num_uncomputed_tokens > 1)
+        return waiting + running
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        hashes = self._prompt_block_hashes(seq) if self._uses_prefix_cache(seq) else []
+        hit = len(self.block_manager.cached_prefix(hashes)[0]) if hashes else 0
+        while hit < len(hashes) and hashes[hit] in self._queued_hashes:
+            hit += 1
+        self._queued_hashes.update(hashes)
+        self._prefill_estimates[seq.seq_id] = (seq.num_tokens - hit * self.block_manager.block_size, len(hashes))
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -233,9 +255,13 @@ class Scheduler:
         use the cache."""
         if not self._uses_prefix_cache(seq):
             return None
+        return self.block_manager.cached_prefix(self._prompt_block_hashes(seq), completed_in_step)
+
+    def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
+        """The prefix hashes of seq's full blocks but the one holding its last token."""
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
-        return self.block_manager.cached_prefix(seq.block_hashes[:num_blocks], completed_in_step)
+        return seq.block_hashes[:num_blocks]
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Offer seq's full blocks computed by now to the prefix cache (after each step it ran in)."""
@@ -263,6 +289,11 @@ class Scheduler:
             self.waiting.remove(seq)  # only on abort; rare
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
+        _, num_hashes = self._prefill_estimates.pop(seq.seq_id)
+        for block_hash in seq.block_hashes[:num_hashes]:
+            self._queued_hashes[block_hash] -= 1
+            if not self._queued_hashes[block_hash]:
+                del self._queued_hashes[block_hash]
         self.num_reserved_blocks -= seq.reserved_blocks
         seq.reserved_blocks = 0
         seq.status = SequenceStatus.FINISHED

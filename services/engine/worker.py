@@ -97,6 +97,7 @@ class EngineWorker:
                 created=int(time.time()),
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
+            step_token_budget=engine.scheduler.max_num_batched_tokens,
         )
 
     def request_shutdown(self) -> None:

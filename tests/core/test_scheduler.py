@@ -315,3 +315,30 @@ def test_abort_of_a_waiting_sequence_removes_it() -> None:
     s.finish(a, FinishReason.ABORT)
     assert not s.num_unfinished
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+def test_queued_prefill_tokens_count_a_prefix_shared_in_the_queue_once() -> None:
+    s = make_scheduler(prefix_caching=True)
+    shared = list(range(1, 41))  # ten blocks of 4
+
+    def tenant_seq(user: int) -> Sequence:
+        seq_id = next(_next_id)
+        prompt = shared + [100 * user + i for i in range(6)]
+        return Sequence(seq_id, f"r{seq_id}", prompt, SamplingParams(max_tokens=2), 0.0)
+
+    for user in range(3):
+        s.add(tenant_seq(user))
+    assert s.num_queued_prefill_tokens == 46 + 6 + 6  # the first computes the shared blocks
+    run_step(s)
+    assert s.num_queued_prefill_tokens == 0  # all admitted in one step, now decoding
+    for seq in s.running.values():
+        s.cache_computed_blocks(seq)  # as the engine does after a step
+    run_to_completion(s)
+    s.add(tenant_seq(3))
+    assert s.num_queued_prefill_tokens == 6  # the pool's cache holds the shared blocks now
+    s.add(make_seq(10))
+    assert s.num_queued_prefill_tokens == 16
+    without_cache = make_scheduler(prefix_caching=False)
+    for user in range(2):
+        without_cache.add(tenant_seq(user))
+    assert without_cache.num_queued_prefill_tokens == 92
