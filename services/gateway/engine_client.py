@@ -45,6 +45,7 @@ class ServedModel:
     card: ModelCard
     tokenizer: Tokenizer | None  # None: the model has no tokenizer; only token-id prompts work
     block_size: int = 0  # of the engine's prefix cache; 0: none
+    step_token_budget: int = 0  # tokens one engine step computes at most; 0: the engine did not say
 
     def same_model(self, other: ServedModel) -> bool:
         """Whether a request of one can continue on the other: the same weights and tokens."""
@@ -81,6 +82,7 @@ class EngineClient:
         self.kv_index = KvIndex()
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
+        self.tokens_sent_since_stats = 0  # the prompt tokens they will compute there
         self._events = events
         self._link = EngineLink(address, self, watchdog_s=watchdog_s)
         self._ready = False
@@ -102,12 +104,24 @@ class EngineClient:
         return self.ready and not self.draining
 
     @property
-    def load(self) -> float:
-        """4 x waiting + running, as the engine last reported (vLLM's balancer's measure), plus what
-        this gateway sent since."""
+    def queued_prefill_tokens(self) -> int:
+        """Prompt tokens queued to compute: as the engine last reported, plus what this gateway sent since."""
+        reported = 0 if self.stats is None else self.stats.num_queued_prefill_tokens
+        return reported + self.tokens_sent_since_stats
+
+    @property
+    def num_running(self) -> int:
+        return 0 if self.stats is None else self.stats.num_running
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running, waiting or sent since the engine's last report."""
         stats = self.stats
-        reported = 0 if stats is None else 4 * stats.num_waiting + stats.num_running
-        return reported + self.sent_since_stats
+        return not self.sent_since_stats and (stats is None or stats.num_running + stats.num_waiting == 0)
+
+    def cached_blocks(self, block_hashes: list[bytes]) -> int:
+        """How many leading blocks of a prompt the engine holds, or computes for a request in flight."""
+        return self.kv_index.cached_prefix(block_hashes, self._in_flight)
 
     @property
     def num_in_flight(self) -> int:
@@ -124,9 +138,13 @@ class EngineClient:
         """This engine leaves the pool: it is lost, and its requests in flight are returned."""
         return self._lose(reason)
 
-    def submit(self, generates: list[Generate], queue: asyncio.Queue[Output]) -> None:
+    def submit(
+        self, generates: list[Generate], queue: asyncio.Queue[Output], prefill_tokens: int, prompt_hashes: list[bytes]
+    ) -> None:
         """Send the engine requests; their outputs arrive on queue, tagged with their index in
-        generates. Raises ApiError 503 when the engine cannot take them."""
+        generates. prefill_tokens: the prompt tokens they will compute there; prompt_hashes: the
+        first prompt's block hashes, which count as the engine's while it runs. Raises ApiError 503
+        when the engine cannot take them."""
         if not self.accepting:
             raise engine_unavailable()
         for index, generate in enumerate(generates):
@@ -135,6 +153,9 @@ class EngineClient:
                 raise engine_unavailable("the engine is not accepting requests right now")
             self._in_flight[generate.request_id] = InFlightRequest(queue, index, generate)
         self.sent_since_stats += len(generates)
+        self.tokens_sent_since_stats += prefill_tokens
+        if prompt_hashes:
+            self.kv_index.expect(generates[0].request_id, prompt_hashes, self._in_flight)
 
     def adopt(self, in_flight: InFlight) -> InFlight:
         """Continue another engine's requests here, each after the tokens it already sent; returns
@@ -143,11 +164,13 @@ class EngineClient:
             return in_flight
         refused: InFlight = {}
         for request_id, request in in_flight.items():
-            if self._link.send(request.resumed()):
+            resumed = request.resumed()
+            if self._link.send(resumed):
                 self._in_flight[request_id] = request
+                self.sent_since_stats += 1
+                self.tokens_sent_since_stats += len(resumed.prompt_token_ids) + len(resumed.output_token_ids)
             else:
                 refused[request_id] = request
-        self.sent_since_stats += len(in_flight) - len(refused)
         return refused
 
     def release(self, request_ids: list[str]) -> None:
@@ -189,6 +212,7 @@ class EngineClient:
     def _set_stats(self, stats: EngineStats) -> None:
         self.stats = stats
         self.sent_since_stats = 0
+        self.tokens_sent_since_stats = 0
 
     async def _on_ready(self, message: Ready) -> None:
         if message.protocol_version != PROTOCOL_VERSION:
@@ -204,7 +228,8 @@ class EngineClient:
             return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
         name = self._model_name or message.model.model_id
         self.model = ServedModel(
-            name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer, block_size=message.block_size
+            name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer,
+            block_size=message.block_size, step_token_budget=message.step_token_budget,
         )
         self.draining = False
         self._ready = True

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ember_core.cache.block_hash import prompt_block_hashes
+from ember_core.config import EngineConfig
 from ember_gateway.engine_client import EngineClient, ServedModel
 from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, fail
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 DNS_SCHEME = "dns+tcp://"
 DNS_INTERVAL_S = 2.0
 READY_POLL_S = 0.05
+DEFAULT_STEP_TOKEN_BUDGET = EngineConfig.max_num_batched_tokens  # for an engine that does not report its own
 
 Resolve = Callable[[str, int], Awaitable[list[str]]]  # (name, port) -> IP addresses
 
@@ -128,9 +130,8 @@ class EnginePool:
         candidates = [client for client in self._accepting() if client.model.name == model_name]
         if not candidates:
             raise engine_unavailable()
-        client = self._pick(candidates, generates[0].prompt_token_ids)
         queue: asyncio.Queue[Output] = asyncio.Queue()
-        client.submit(generates, queue)
+        self._route(candidates, generates, queue)
         return queue
 
     def release(self, request_ids: list[str]) -> None:
@@ -168,39 +169,50 @@ class EnginePool:
     def _accepting(self) -> list[EngineClient]:
         return [client for client in self.clients.values() if client.accepting and client.model is not None]
 
-    def _pick(self, candidates: list[EngineClient], prompt_ids: list[int]) -> EngineClient:
+    def _route(self, candidates: list[EngineClient], generates: list[Generate], queue: asyncio.Queue[Output]) -> None:
+        """Submit generates to the engine the router picks; with kv routing, the first prompt's
+        blocks it computes count as that engine's from now on."""
         turn = next(self._turns)
-        if len(candidates) == 1:
-            return candidates[0]
+        prompt_ids = generates[0].prompt_token_ids
+        kv = self._routing == "kv"
         hashes_by_size: dict[int, list[bytes]] = {}
 
         def hashes(client: EngineClient) -> list[bytes]:
             size = client.model.block_size
+            if not (kv and size):
+                return []
             if size not in hashes_by_size:
                 hashes_by_size[size] = prompt_block_hashes(prompt_ids, size)
             return hashes_by_size[size]
 
-        kv = self._routing == "kv"
+        def prefill_tokens(client: EngineClient) -> int:
+            """What generates compute there: the first prompt less its cached blocks, the other
+            prompts in full (the n choices of one prompt share its blocks)."""
+            cached = client.cached_blocks(hashes(client)) * client.model.block_size
+            others = sum(len(g.prompt_token_ids) for g in generates[1:] if g.prompt_token_ids != prompt_ids)
+            return len(prompt_ids) - cached + others
+
+        uncached = [prefill_tokens(client) for client in candidates]
         scored = [
-            Candidate(client.load, client.kv_index.cached_prefix(hashes(client)) if kv and client.model.block_size else 0)
-            for client in candidates
+            Candidate(client.queued_prefill_tokens, client.num_running, tokens,
+                      client.model.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET, client.idle)
+            for client, tokens in zip(candidates, uncached)
         ]
-        block_size = candidates[0].model.block_size or 1
-        decision = choose(scored, self._routing, (len(prompt_ids) - 1) // block_size, turn)
-        self.routing_decisions[decision.reason] += 1
-        chosen = candidates[decision.index]
-        if kv and chosen.model.block_size:
-            chosen.kv_index.expect(hashes(chosen))
-        return chosen
+        index = 0
+        if len(candidates) > 1:
+            decision = choose(scored, self._routing, turn)
+            self.routing_decisions[decision.reason] += 1
+            index = decision.index
+        candidates[index].submit(generates, queue, uncached[index], hashes(candidates[index]))
 
     def _move(self, source: EngineClient, in_flight: InFlight) -> InFlight:
-        """Continue a lost, draining or refusing engine's requests on the least loaded other engine
+        """Continue a lost, draining or refusing engine's requests on the least queued other engine
         of the same model; returns those none took."""
         if source.model is None or not in_flight:
             return in_flight
         targets = sorted(
             (c for c in self._accepting() if c is not source and c.model.same_model(source.model)),
-            key=lambda client: client.load,
+            key=lambda client: (client.queued_prefill_tokens, client.num_running),
         )
         for target in targets:
             left = target.adopt(in_flight)

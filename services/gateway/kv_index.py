@@ -1,17 +1,15 @@
 """What one engine's prefix cache holds, as its KvEvents tell: the set of block hashes, kept in
 step with the engine's batch sequence numbers; and what it is about to hold: the blocks of prompts
-just routed there, so that requests sharing a prefix that arrive together (a tenant's users, a
-burst) follow the first one before the engine has computed and reported it."""
+routed there, so that requests sharing a prefix that arrive together (a tenant's users, a burst)
+follow the first one before the engine has computed and reported it. Such a block counts as long
+as the request routed with it is in flight, however long it queues: an overloaded engine reports
+a prompt's blocks late, and losing track of them then would scatter the tenant."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Container
 
 from ember_proto import KvEvents
-
-# How long a routed prompt's blocks count as the engine's without its events confirming them: a
-# prompt is admitted and computed within this on a healthy engine, or its blocks were evicted.
-EXPECTED_BLOCKS_TTL_S = 30.0
 
 
 class KvIndex:
@@ -19,7 +17,7 @@ class KvIndex:
         self._hashes: set[bytes] = set()
         self._sequence: int | None = None  # of the last batch applied; None until a snapshot
         self._awaiting_snapshot = False
-        self._expected: dict[bytes, float] = {}  # routed here, not reported yet -> when that stops counting
+        self._expected: dict[bytes, str] = {}  # routed here, not reported yet -> the request routed with it
 
     def __len__(self) -> int:
         return len(self._hashes)
@@ -44,15 +42,14 @@ class KvIndex:
         self._sequence = events.sequence
         return False
 
-    def expect(self, block_hashes: list[bytes]) -> None:
-        """A prompt with these blocks was just routed here."""
-        now = time.monotonic()
-        if len(self._expected) > len(self._hashes) + 4096:  # drop what expired, now and then
-            self._expected = {h: until for h, until in self._expected.items() if until > now}
-        until = now + EXPECTED_BLOCKS_TTL_S
+    def expect(self, request_id: str, block_hashes: list[bytes], in_flight: Container[str]) -> None:
+        """A prompt with these blocks was just routed here as request_id; in_flight: the requests
+        this engine runs for the gateway."""
+        if len(self._expected) > len(self._hashes) + 4096:  # drop the finished requests', now and then
+            self._expected = {h: request for h, request in self._expected.items() if request in in_flight}
         for block_hash in block_hashes:
             if block_hash not in self._hashes:
-                self._expected[block_hash] = until
+                self._expected[block_hash] = request_id
 
     def clear(self) -> None:
         """Forget the engine's cache (it was lost or restarted): the next snapshot refills it."""
@@ -61,13 +58,12 @@ class KvIndex:
         self._sequence = None
         self._awaiting_snapshot = False
 
-    def cached_prefix(self, block_hashes: list[bytes]) -> int:
-        """How many leading blocks of a prompt the engine holds or is about to, as far as they run
-        unbroken."""
-        now = time.monotonic()
+    def cached_prefix(self, block_hashes: list[bytes], in_flight: Container[str]) -> int:
+        """How many leading blocks of a prompt the engine holds or is about to (a request in_flight
+        was routed with them), as far as they run unbroken."""
         count = 0
         for block_hash in block_hashes:
-            if block_hash not in self._hashes and self._expected.get(block_hash, 0.0) <= now:
+            if block_hash not in self._hashes and self._expected.get(block_hash) not in in_flight:
                 break
             count += 1
         return count

@@ -40,6 +40,9 @@ class _PoolCollector(Collector):
         labels = [LABEL, ENGINE_LABEL]
         running = GaugeMetricFamily("ember_num_requests_running", "Requests the engine is running.", labels=labels)
         waiting = GaugeMetricFamily("ember_num_requests_waiting", "Requests waiting in the engine.", labels=labels)
+        queued_tokens = GaugeMetricFamily(
+            "ember_num_queued_prefill_tokens", "Prompt tokens the engine has queued to compute.", labels=labels
+        )
         kv_usage = GaugeMetricFamily(
             "ember_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels=labels
         )
@@ -54,6 +57,7 @@ class _PoolCollector(Collector):
             key, stats = [engine.model_name, engine.address], engine.stats
             running.add_metric(key, stats.num_running)
             waiting.add_metric(key, stats.num_waiting)
+            queued_tokens.add_metric(key, stats.num_queued_prefill_tokens)
             kv_usage.add_metric(key, stats.num_kv_blocks_used / max(stats.num_kv_blocks_total, 1))
             preemptions.add_metric(key, stats.num_preemptions)
             prefix_queries.add_metric(key, stats.num_prefix_cache_queries)
@@ -67,7 +71,7 @@ class _PoolCollector(Collector):
             "ember_request_migrations", "Engine requests moved off a lost, draining or refusing engine to another."
         )
         migrations.add_metric([], self._pool.migrations)
-        yield from (running, waiting, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations)
+        yield from (running, waiting, queued_tokens, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations)
 
 
 class GatewayMetrics:

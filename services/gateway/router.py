@@ -1,27 +1,32 @@
-"""Which engine takes a request: KV-aware (the prompt tokens it would compute, plus its load),
-by load alone, or round-robin. Pure: the pool gathers each candidate's numbers."""
+"""Which engine takes a request: KV-aware (the least time to its first token, counting the prompt
+tokens it would compute there), by load alone, or round-robin. Pure: the pool gathers each
+candidate's numbers."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROUTING_MODES = ("kv", "load", "round-robin")
-REASONS = ("prefix", "load", "imbalance", "round_robin")
-
-# SGLang's cache-aware policy: the engine holding the largest share of the prompt's blocks takes
-# it if that share reaches CACHE_THRESHOLD; otherwise the least loaded engine does. Load is
-# 4 x waiting + running (vLLM's balancer's measure). A hot prefix must not draw every request to
-# one engine: when the busiest candidate's load is over the idlest's by more than IMBALANCE_ABS
-# and IMBALANCE_REL times it, the idlest takes the request whatever it holds.
-CACHE_THRESHOLD = 0.5
-IMBALANCE_ABS = 16
-IMBALANCE_REL = 1.5
+REASONS = ("prefix", "load", "idle", "round_robin")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    load: float
-    cached_blocks: int  # leading blocks of the prompt the engine holds
+    queued_tokens: int  # prompt tokens queued there to compute: as the engine reported, plus sent since
+    num_running: int  # its sequences decoding, one token a step each
+    uncached_tokens: int  # of this prompt: what it would compute there
+    step_token_budget: int  # tokens one of its steps computes at most
+    idle: bool  # nothing running, waiting or sent since its report
+
+    @property
+    def cost(self) -> float:
+        """Token computations before the request's first token there: the queue's prompt tokens and
+        its own, plus the decodes that run meanwhile, since every step gives each running sequence
+        one token of the budget and the prompts the rest. One unit, so a cached prefix and a shorter
+        queue weigh against each other directly."""
+        prefill = self.queued_tokens + self.uncached_tokens
+        budget = max(self.step_token_budget, self.num_running + 1)
+        return prefill * budget / (budget - self.num_running)
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,13 @@ class Decision:
     reason: str  # one of REASONS
 
 
-def choose(candidates: list[Candidate], routing: str, prompt_blocks: int, turn: int) -> Decision:
-    """turn: a counter the caller advances per request; ties (and round-robin) rotate with it."""
+def choose(candidates: list[Candidate], routing: str, turn: int) -> Decision:
+    """turn: a counter the caller advances per request; ties (and round-robin) rotate with it.
+
+    `kv` and `load` both send the request where its cost is least; `load` leaves the cache out of
+    it. The one guard is against starvation, not imbalance: when the cheapest
+    engine cannot start the request in its next step while another engine sits idle, the idle one
+    takes it whatever the cache says."""
     count = len(candidates)
 
     def rotation(index: int) -> int:
@@ -39,13 +49,13 @@ def choose(candidates: list[Candidate], routing: str, prompt_blocks: int, turn: 
 
     if routing == "round-robin":
         return Decision(turn % count, "round_robin")
-    loads = [candidate.load for candidate in candidates]
-    idlest = min(range(count), key=lambda i: (loads[i], rotation(i)))
     if routing == "load":
-        return Decision(idlest, "load")
-    if max(loads) - min(loads) > IMBALANCE_ABS and max(loads) > IMBALANCE_REL * min(loads):
-        return Decision(idlest, "imbalance")
-    best = max(range(count), key=lambda i: (candidates[i].cached_blocks, -loads[i], -rotation(i)))
-    if prompt_blocks and candidates[best].cached_blocks >= CACHE_THRESHOLD * prompt_blocks:
-        return Decision(best, "prefix")
-    return Decision(idlest, "load")
+        candidates = [replace(candidate, uncached_tokens=0) for candidate in candidates]
+    cheapest = min(range(count), key=lambda i: (candidates[i].cost, rotation(i)))
+    chosen = candidates[cheapest]
+    idle = [i for i in range(count) if candidates[i].idle]
+    if idle and not chosen.idle and chosen.queued_tokens >= chosen.step_token_budget:
+        return Decision(min(idle, key=rotation), "idle")
+    if chosen.uncached_tokens < max(candidate.uncached_tokens for candidate in candidates):
+        return Decision(cheapest, "prefix")
+    return Decision(cheapest, "load")

@@ -85,6 +85,10 @@ class FakeEngine:
     draining: bool = False  # said in every heartbeat
     block_size: int = 0  # a prefix cache of this block size, holding cached_hashes (sent as a snapshot)
     cached_hashes: list[bytes] = field(default_factory=list)
+    # reported in its stats besides its own running requests: other gateways' work
+    backlog_running: int = 0
+    backlog_waiting: int = 0
+    backlog_prefill_tokens: int = 0
     hellos: int = 0
     received: list[Generate] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
@@ -227,13 +231,14 @@ class FakeEngine:
 
     def _stats(self) -> EngineStats:
         return EngineStats(
-            num_running=len(self._running),
-            num_waiting=0,
+            num_running=len(self._running) + self.backlog_running,
+            num_waiting=self.backlog_waiting,
             num_kv_blocks_used=2 * len(self._running),
             num_kv_blocks_total=100,
             num_preemptions=3,
             num_prefix_cache_queries=64,
             num_prefix_cache_hits=48,
+            num_queued_prefill_tokens=self.backlog_prefill_tokens,
         )
 
     def _send(self, gateway: bytes, message: object) -> None:

@@ -63,8 +63,14 @@ async def engines() -> AsyncIterator[list[FakeEngine]]:
 async def start_front() -> AsyncIterator[Any]:
     cleanups: list[Any] = []
 
-    async def start(addresses: list[str], routing: str = "round-robin", wait_for: int | None = None, **pool_args: Any) -> Front:
-        config = GatewayConfig(engine_addresses=tuple(addresses), routing=routing, port=free_port(), engine_timeout=3.0)
+    async def start(
+        addresses: list[str], routing: str = "round-robin", wait_for: int | None = None, max_pending: int = 256,
+        **pool_args: Any,
+    ) -> Front:
+        config = GatewayConfig(
+            engine_addresses=tuple(addresses), routing=routing, port=free_port(), engine_timeout=3.0,
+            max_pending=max_pending,
+        )
         pool = EnginePool(addresses, routing=routing, watchdog_s=3.0, **pool_args)
         runner = await start_runner(create_app(config, pool), shutdown_timeout=1.0)
         await web.TCPSite(runner, "127.0.0.1", config.port).start()
@@ -106,6 +112,79 @@ async def test_kv_routing_sends_a_prompt_to_the_engine_holding_its_prefix(engine
     assert (len(holder.received), len(other.received)) == (3, 0)
     await front.complete(prompt="something else entirely")  # no engine holds it: the other one, idler
     assert 'ember_routing_decisions_total{reason="prefix"} 3.0' in await front.metrics()
+
+
+TENANT = "The notes of one tenant, shared by all its users. " * 24  # 1,200 bytes: 300 blocks of 4
+
+
+async def start_tenant_front(engines: list[FakeEngine], start_front: Any) -> Front:
+    """A kv-routing gateway over engines (the first holding TENANT's blocks), once both reported."""
+    for engine in engines:
+        engine.block_size, engine.max_model_len = 4, 2048
+    engines[0].cached_hashes = prompt_block_hashes(list(TENANT.encode()), 4)
+    front = await start_front([engine.address for engine in reversed(engines)], routing="kv")
+    clients = [front.pool.clients[engine.address] for engine in engines]
+    reported = [(e.backlog_running + e.backlog_waiting, e.backlog_prefill_tokens) for e in engines]
+
+    def caught_up() -> bool:
+        stats = [client.stats for client in clients]
+        return len(clients[0].kv_index) > 0 and [
+            (s.num_running + s.num_waiting, s.num_queued_prefill_tokens) if s else None for s in stats
+        ] == reported
+
+    await wait_until_async(caught_up, 5.0, "the engines' snapshot and stats")
+    return front
+
+
+async def test_a_tenant_stays_on_its_engine_while_the_other_is_less_loaded_but_not_idle(engines, start_front):
+    holder, other = engines
+    holder.backlog_running, holder.backlog_waiting, holder.backlog_prefill_tokens = 16, 10, 300
+    other.backlog_running, other.backlog_waiting, other.backlog_prefill_tokens = 2, 1, 40
+    front = await start_tenant_front(engines, start_front)
+    for user in range(4):
+        assert (await front.complete(prompt=f"{TENANT}User {user}: hello?"))[0] == 200
+    assert (len(holder.received), len(other.received)) == (4, 0)
+    assert 'ember_routing_decisions_total{reason="prefix"} 4.0' in await front.metrics()
+
+
+@pytest.mark.parametrize("leaves", ["drains", "is lost"])
+async def test_a_tenant_moves_when_its_engine_drains_or_is_lost(engines, start_front, leaves):
+    holder, other = engines
+    front = await start_tenant_front(engines, start_front)
+    assert (await front.complete(prompt=f"{TENANT}User 0: hello?"))[0] == 200
+    if leaves == "drains":
+        holder.drain()
+    else:
+        await holder.stop()
+    await wait_until_async(lambda: not front.pool.clients[holder.address].accepting, 5.0, "the holder leaving")
+    assert (await front.complete(prompt=f"{TENANT}User 1: hello?"))[0] == 200
+    assert (len(holder.received), len(other.received)) == (1, 1)
+
+
+async def test_an_idle_engine_takes_new_tenants_and_what_a_busy_holder_cannot_start(engines, start_front):
+    holder, other = engines
+    holder.backlog_running, holder.backlog_waiting, holder.backlog_prefill_tokens = 8, 4, 800
+    front = await start_tenant_front(engines, start_front)
+    assert (await front.complete(prompt=f"{TENANT}User 0: hello?"))[0] == 200  # cheaper at the holder, yet
+    assert (await front.complete(prompt="A new tenant's first words."))[0] == 200
+    assert (len(holder.received), len(other.received)) == (0, 2)
+    metrics = await front.metrics()
+    assert 'reason="idle"} 1.0' in metrics and 'reason="load"} 1.0' in metrics
+
+
+async def test_when_every_engine_is_behind_the_gateway_answers_429_with_retry_after(engines, start_front):
+    for engine in engines:
+        engine.step_interval = 0.5  # slow steps: whatever is sent stays in flight
+    front = await start_front([engine.address for engine in engines], routing="kv", max_pending=4)
+    held = [asyncio.create_task(front.complete(prompt=f"user {user}", max_tokens=4)) for user in range(4)]
+    await wait_until_async(lambda: front.pool.num_in_flight == 4, 5.0, "four requests in flight")
+    assert sorted(engine.num_running for engine in engines) == [2, 2]
+    body = {"model": "fake-model", "prompt": "one more", "max_tokens": 2}
+    async with front.http.post("/v1/completions", json=body) as response:
+        assert response.status == 429 and response.headers["Retry-After"] == "1"
+        assert (await response.json())["error"]["type"]
+    assert [status for status, _ in await asyncio.gather(*held)] == [200] * 4
+    assert (await front.complete(prompt="one more", max_tokens=2))[0] == 200  # and takes work again
 
 
 async def test_a_killed_engine_s_stream_goes_on_from_another_without_an_error(engines, start_front):
@@ -187,20 +266,35 @@ def test_kv_index_applies_batches_in_order_and_asks_for_a_snapshot_after_a_gap()
     index = KvIndex()
     assert not index.apply(KvEvents("e", 2, [b"a", b"b"], snapshot=True))
     assert not index.apply(KvEvents("e", 3, [b"c"], [b"a"]))
-    assert index.cached_prefix([b"b", b"c", b"d"]) == 2 and index.cached_prefix([b"a", b"b"]) == 0
+    assert index.cached_prefix([b"b", b"c", b"d"], ()) == 2 and index.cached_prefix([b"a", b"b"], ()) == 0
     assert index.apply(KvEvents("e", 5, [b"x"]))  # 4 went missing: ask once
     assert not index.apply(KvEvents("e", 6, [b"y"]))  # and wait for the snapshot
     assert len(index) == 2
     assert not index.apply(KvEvents("e", 6, [b"x", b"y"], snapshot=True))
     assert not index.apply(KvEvents("e", 7, [b"z"]))
-    assert index.cached_prefix([b"x", b"y", b"z"]) == 3
+    assert index.cached_prefix([b"x", b"y", b"z"], ()) == 3
 
 
-def test_the_router_prefers_the_engine_holding_the_prompt_and_guards_against_imbalance() -> None:
-    idle, holder = Candidate(load=0, cached_blocks=0), Candidate(load=4, cached_blocks=40)
-    assert choose([idle, holder], "kv", 63, turn=0) == Decision(1, "prefix")  # holds 40 of 63 blocks
-    assert choose([idle, Candidate(load=4, cached_blocks=20)], "kv", 63, turn=0) == Decision(0, "load")  # under half
-    assert choose([idle, holder], "load", 63, turn=0) == Decision(0, "load")
-    assert choose([idle, Candidate(load=40, cached_blocks=60)], "kv", 63, turn=0) == Decision(0, "imbalance")
-    assert [choose([idle, idle], "round-robin", 1, turn=t).index for t in range(4)] == [0, 1, 0, 1]
-    assert [choose([idle, idle], "kv", 8, turn=t).index for t in range(4)] == [0, 1, 0, 1]  # ties rotate
+def test_a_routed_prompt_s_blocks_count_while_its_request_is_in_flight() -> None:
+    index = KvIndex()
+    index.apply(KvEvents("e", 0, [b"a"], snapshot=True))
+    index.expect("r1", [b"a", b"b", b"c"], {"r1"})
+    assert index.cached_prefix([b"a", b"b", b"c", b"d"], {"r1"}) == 3  # however long r1 queues
+    index.apply(KvEvents("e", 1, [b"b"]))  # the engine computed its first block
+    assert index.cached_prefix([b"a", b"b", b"c"], set()) == 2  # r1 ended: only what was reported
+
+
+def test_the_router_weighs_a_cached_prefix_against_a_longer_queue_in_tokens() -> None:
+    def engine(queued: int, uncached: int, running: int = 0) -> Candidate:
+        return Candidate(queued, running, uncached, step_token_budget=512, idle=queued == running == 0)
+
+    holder, other = engine(queued=900, uncached=100, running=16), engine(queued=300, uncached=1100, running=8)
+    assert choose([other, holder], "kv", turn=0) == Decision(1, "prefix")  # 1,032 tokens against 1,422
+    assert choose([other, engine(queued=2000, uncached=100, running=16)], "kv", turn=0) == Decision(0, "load")
+    assert choose([other, holder], "load", turn=0) == Decision(0, "load")  # load mode: every prompt uncached
+    assert engine(queued=0, uncached=512, running=256).cost == 1024  # half of every step decodes
+    # starvation, not imbalance: an idle engine takes what the holder cannot start in its next step
+    assert choose([engine(0, 1100), engine(600, 100, running=4)], "kv", turn=0) == Decision(0, "idle")
+    assert choose([engine(0, 1100), engine(400, 100, running=4)], "kv", turn=0) == Decision(1, "prefix")
+    assert [choose([other, other], "round-robin", turn=t).index for t in range(4)] == [0, 1, 0, 1]
+    assert [choose([other, other], "kv", turn=t).index for t in range(4)] == [0, 1, 0, 1]  # ties rotate

@@ -297,6 +297,7 @@ async def test_metrics(gateway: Gateway):
         f"ember_prefix_cache_hits_total{{{engine_label}}} 48.0",
         f"ember_num_requests_running{{{engine_label}}} ",
         f"ember_num_requests_waiting{{{engine_label}}} 0.0",
+        f"ember_num_queued_prefill_tokens{{{engine_label}}} 0.0",
         f"ember_kv_cache_usage_perc{{{engine_label}}} ",
         'ember_routing_decisions_total{reason="prefix"} 0.0',
         "ember_request_migrations_total 0.0",
