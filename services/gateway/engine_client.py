@@ -110,6 +110,11 @@ class EngineClient:
         return reported + self.tokens_sent_since_stats
 
     @property
+    def num_waiting(self) -> int:
+        """Requests queued: as the engine last reported, plus what this gateway sent since."""
+        return (0 if self.stats is None else self.stats.num_waiting) + self.sent_since_stats
+
+    @property
     def num_running(self) -> int:
         return 0 if self.stats is None else self.stats.num_running
 

@@ -194,7 +194,7 @@ class EnginePool:
 
         uncached = [prefill_tokens(client) for client in candidates]
         scored = [
-            Candidate(client.queued_prefill_tokens, client.num_running, tokens,
+            Candidate(client.queued_prefill_tokens, client.num_waiting, client.num_running, tokens,
                       client.model.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET, client.idle)
             for client, tokens in zip(candidates, uncached)
         ]

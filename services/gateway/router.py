@@ -1,6 +1,6 @@
-"""Which engine takes a request: KV-aware (the least time to its first token, counting the prompt
-tokens it would compute there), by load alone, or round-robin. Pure: the pool gathers each
-candidate's numbers."""
+"""Which engine takes a request: KV-aware (the least work its first token waits for and causes,
+counting the prompt tokens it would compute there), by load alone, or round-robin. Pure: the pool
+gathers each candidate's numbers."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ REASONS = ("prefix", "load", "idle", "round_robin")
 @dataclass(frozen=True)
 class Candidate:
     queued_tokens: int  # prompt tokens queued there to compute: as the engine reported, plus sent since
+    num_waiting: int  # requests queued there: as the engine reported, plus sent since
     num_running: int  # its sequences decoding, one token a step each
     uncached_tokens: int  # of this prompt: what it would compute there
     step_token_budget: int  # tokens one of its steps computes at most
@@ -20,13 +21,15 @@ class Candidate:
 
     @property
     def cost(self) -> float:
-        """Token computations before the request's first token there: the queue's prompt tokens and
-        its own, plus the decodes that run meanwhile, since every step gives each running sequence
-        one token of the budget and the prompts the rest. One unit, so a cached prefix and a shorter
-        queue weigh against each other directly."""
-        prefill = self.queued_tokens + self.uncached_tokens
+        """In token computations, one unit for both, so a cached prefix and a shorter queue weigh
+        against each other directly: the work the request waits behind (the queue's prompt tokens)
+        and the work it causes (its own uncached tokens), which delays it and every request that
+        queues behind it; under overload as many arrive while it waits as wait ahead of it now, so
+        that work counts once more per request waiting. Both are scaled by the decodes that run
+        meanwhile: every step gives each running sequence one token of the budget, prompts the rest."""
         budget = max(self.step_token_budget, self.num_running + 1)
-        return prefill * budget / (budget - self.num_running)
+        decodes = budget / (budget - self.num_running)
+        return (self.queued_tokens + self.uncached_tokens * (1 + self.num_waiting)) * decodes
 
 
 @dataclass(frozen=True)

@@ -285,16 +285,20 @@ def test_a_routed_prompt_s_blocks_count_while_its_request_is_in_flight() -> None
 
 
 def test_the_router_weighs_a_cached_prefix_against_a_longer_queue_in_tokens() -> None:
-    def engine(queued: int, uncached: int, running: int = 0) -> Candidate:
-        return Candidate(queued, running, uncached, step_token_budget=512, idle=queued == running == 0)
+    def engine(queued: int, uncached: int, waiting: int = 0, running: int = 0) -> Candidate:
+        return Candidate(queued, waiting, running, uncached, step_token_budget=512, idle=queued == running == 0)
 
-    holder, other = engine(queued=900, uncached=100, running=16), engine(queued=300, uncached=1100, running=8)
-    assert choose([other, holder], "kv", turn=0) == Decision(1, "prefix")  # 1,032 tokens against 1,422
-    assert choose([other, engine(queued=2000, uncached=100, running=16)], "kv", turn=0) == Decision(0, "load")
-    assert choose([other, holder], "load", turn=0) == Decision(0, "load")  # load mode: every prompt uncached
+    holder = engine(queued=900, uncached=100, waiting=3, running=16)  # (900 + 100 x 4) x 512/496 = 1,342
+    assert choose([engine(300, 1100, running=8), holder], "kv", turn=0) == Decision(1, "prefix")  # 1,422
+    busier = engine(queued=1500, uncached=100, waiting=3, running=16)  # 1,961
+    assert choose([engine(300, 1100, running=8), busier], "kv", turn=0) == Decision(0, "load")
+    # where requests queue, the work a request causes delays those behind it too: the tenant stays
+    assert choose([engine(300, 1100, waiting=2, running=8), busier], "kv", turn=0) == Decision(1, "prefix")
+    assert choose([engine(300, 1100, running=8), holder], "load", turn=0) == Decision(0, "load")  # no cache
     assert engine(queued=0, uncached=512, running=256).cost == 1024  # half of every step decodes
     # starvation, not imbalance: an idle engine takes what the holder cannot start in its next step
-    assert choose([engine(0, 1100), engine(600, 100, running=4)], "kv", turn=0) == Decision(0, "idle")
-    assert choose([engine(0, 1100), engine(400, 100, running=4)], "kv", turn=0) == Decision(1, "prefix")
+    assert choose([engine(0, 1100), engine(600, 100, 2, running=4)], "kv", turn=0) == Decision(0, "idle")
+    assert choose([engine(0, 1100), engine(400, 100, 2, running=4)], "kv", turn=0) == Decision(1, "prefix")
+    other = engine(300, 1100)
     assert [choose([other, other], "round-robin", turn=t).index for t in range(4)] == [0, 1, 0, 1]
     assert [choose([other, other], "kv", turn=t).index for t in range(4)] == [0, 1, 0, 1]  # ties rotate
