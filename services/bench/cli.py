@@ -79,8 +79,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     routing.add_argument("--routing", default="kv,load,round-robin", metavar="MODES",
                          help="comma-separated gateway routing modes, each on a fresh server")
     routing.add_argument("--concurrency", type=int, metavar="C", help="most turns in flight (default: every user)")
-    routing.add_argument("--user-rate", type=float, metavar="R",
-                         help="conversations starting per second, Poisson arrivals (default: all at once)")
+    routing.add_argument("--user-rate", default="all", metavar="RATES",
+                         help="comma-separated conversations starting per second (Poisson arrivals), "
+                              "'all' for all at once; each rate runs every mode, e.g. 1,2,4,8,all")
     routing.add_argument("--seed", type=int, default=0, help="for the arrivals")
     routing.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds before a turn fails")
     routing.add_argument("--serve-args", default="", metavar="ARGS",
@@ -240,7 +241,7 @@ def _routing(args: argparse.Namespace) -> int:
 
     setup = RoutingSetup(
         model=args.model, data_parallel_size=args.data_parallel_size, extra_serve_args=tuple(shlex.split(args.serve_args)),
-        timeout_s=args.timeout, concurrency=args.concurrency, user_rate=args.user_rate, seed=args.seed,
+        timeout_s=args.timeout, concurrency=args.concurrency, user_rates=_rates(args.user_rate), seed=args.seed,
     )
     workload = load_conversations(args.workload)
     runs = []
@@ -386,6 +387,16 @@ def _ints(spec: str, flag: str) -> list[int]:
         return [int(value) for value in _names(spec)]
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated integers, got {spec!r}") from None
+
+
+def _rates(spec: str) -> tuple[float | None, ...]:
+    try:
+        rates = tuple(None if name == "all" else float(name) for name in _names(spec))
+    except ValueError:
+        raise ValueError(f"--user-rate must be comma-separated numbers or 'all', got {spec!r}") from None
+    if not rates or any(rate is not None and not rate > 0 for rate in rates):
+        raise ValueError(f"--user-rate must be positive numbers or 'all', got {spec!r}")
+    return rates
 
 
 def _now() -> str:

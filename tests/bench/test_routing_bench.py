@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from ember_bench.cli import main as bench_main
 from ember_bench.conversations import Conversation, ConversationWorkload, load_conversations, make_conversations
@@ -44,13 +45,20 @@ def test_routing_bench_runs_each_mode_on_a_fresh_server(gpt2_dir: Path, tmp_path
     code = None
     try:
         bench_main(["routing", "--workload", str(workload), "--model", str(model), "--routing", "kv,round-robin",
-                    "--serve-args", serve_args, "--timeout", "120", "--output-json", str(output)])
+                    "--user-rate", "20", "--serve-args", serve_args, "--timeout", "120", "--output-json", str(output)])
     except SystemExit as exc:
         code = exc.code
     assert code is None, capsys.readouterr()
     runs = {run["routing"]: run for run in json.loads(output.read_text())["runs"]}
-    assert all(run["turns"] == 16 and run["failed"] == 0 for run in runs.values())
+    assert all(run["turns"] == 16 and run["failed"] == 0 and run["user_rate"] == 20 for run in runs.values())
     assert runs["kv"]["decisions"]["prefix"] > 0 and runs["round-robin"]["decisions"]["round_robin"] == 16
     # a tenant's context and a conversation's turns stay on one engine, so less is computed
     assert runs["kv"]["computed_tokens"] < runs["round-robin"]["computed_tokens"]
     assert "round-robin" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rates", ["0", "fast", ""])
+def test_routing_bench_refuses_a_bad_rate_in_one_line(rates: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(["routing", "--workload", str(SHIPPED), "--user-rate", rates])
+    assert exit_info.value.code != 0 and "--user-rate must be" in capsys.readouterr().err
