@@ -69,6 +69,22 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     serve.set_defaults(bench_handler=_serve)
     add_log_level_argument(serve, default=argparse.SUPPRESS)  # as `ember --log-level L bench serve`
 
+    kernels = commands.add_parser(
+        "kernels", help="this CPU's arithmetic peak, then every CPU kernel as GF/s, GB/s and share of it"
+    )
+    kernels.add_argument("--formats", default="F32,BF16,Q8_0,Q4_1", metavar="F1,F2,...",
+                         help="weight formats of the layer linears (F32 / BF16: dense weights)")
+    kernels.add_argument("--rows", default="1,4,16,64,512", metavar="R1,R2,...",
+                         help="rows per call (sequences of a decode step; 512: a prefill chunk)")
+    kernels.add_argument("--dtypes", default="float32,bfloat16", metavar="D1,D2", help="activation dtypes")
+    kernels.add_argument("--batches", default="1,16", metavar="B1,B2", help="decode batches of the attention rows")
+    kernels.add_argument("--context", type=int, default=512, metavar="N", help="tokens each sequence attends over")
+    kernels.add_argument("--repeats", type=int, default=5, metavar="N", help="calls timed per row (the median)")
+    kernels.add_argument("--layers", type=int, default=30, metavar="N", help="layers of weights and K/V a call streams")
+    kernels.add_argument("--output-json", metavar="PATH", help="write the peak and every timing here")
+    kernels.set_defaults(bench_handler=_kernels)
+    add_log_level_argument(kernels, default=argparse.SUPPRESS)
+
     routing = commands.add_parser(
         "routing", help="conversations through `ember serve --data-parallel-size N` under each routing mode"
     )
@@ -341,6 +357,52 @@ def _make_model(args: argparse.Namespace) -> int:
     print(f"wrote {model_dir}")
     for file_type in args.gguf:
         print(f"wrote {export_gguf(model_dir, model_dir / f'model-{file_type}.gguf', file_type)}")
+    return 0
+
+
+def _kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from ember_bench.kernels import (
+        FORMATS,
+        attention_timings,
+        decode_layer_timings,
+        kernel_table,
+        linear_timings,
+        measure_peak,
+        peak_summary,
+    )
+    from ember_bench.offline import environment
+    from ember_bench.report import write_json
+    from ember_core.kernels import cpu_ops
+
+    forms = tuple(_names(args.formats))
+    if unknown := [form for form in forms if form not in FORMATS]:
+        raise ValueError(f"--formats {unknown[0]!r} is not one of {', '.join(FORMATS)}")
+    dtypes = tuple(_names(args.dtypes))
+    if unknown := [name for name in dtypes if name not in ("float32", "bfloat16")]:
+        raise ValueError(f"--dtypes {unknown[0]!r} is not float32 or bfloat16")
+    if not cpu_ops.is_available():
+        raise ValueError(f"ember's C++ CPU ops are not available here: {cpu_ops.unavailable_reason()}")
+    peak = measure_peak()
+    print(peak_summary(peak), flush=True)
+    timings = []
+    runs = [
+        linear_timings(forms, tuple(_ints(args.rows, "--rows")), tuple(getattr(torch, name) for name in dtypes),
+                       args.repeats, args.layers),
+        attention_timings(tuple(_ints(args.batches, "--batches")), args.context, args.repeats, args.layers),
+        decode_layer_timings(tuple(getattr(torch, name) for name in dtypes), rows=16),
+    ]
+    for run in runs:
+        for timing in run:
+            timings.append(timing)
+            print(kernel_table([timing], peak).splitlines()[-1], file=sys.stderr, flush=True)
+    print(kernel_table(timings, peak))
+    if args.output_json:
+        write_json(args.output_json, {
+            "benchmark": "kernels", "timestamp": _now(), "environment": environment(), "peak": peak,
+            "timings": [{**dataclasses.asdict(t), "gflops": t.gflops, "gbps": t.gbps} for t in timings],
+        })
     return 0
 
 

@@ -1,0 +1,222 @@
+"""`ember bench kernels`: ember's CPU kernels against this machine's own peak.
+
+The peak: register-only loops of the widest float32 multiply-add and of the bfloat16 dot product
+(`vdpbf16ps`, where the CPU has it) on every thread (kernels/peak.cpp), and the read bandwidth of
+summing a tensor far larger than the caches. Each kernel then runs on SmolLM2-135M's shapes, its
+30 layers' weights each their own tensor so they stream from memory as in a decode step, through
+the modules a model uses (`SmallBatchLinear`, `GGUFBlockLinear`: the path ember takes at that row
+count and dtype), and is reported as GF/s, GB/s and its share of the peak of its dtype.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import gguf
+import torch
+from torch import nn
+
+from ember_bench.kernel_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE, make_inputs
+from ember_core.kernels import cpu_ops
+from ember_core.layers.linear import GGUFBlockLinear, SmallBatchLinear
+
+HIDDEN, INTERMEDIATE, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
+LAYER_SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
+# F32 / BF16: dense weights of that dtype. No K-quants: their 256-value super-blocks do not divide
+# SmolLM2's 576-wide rows (llama.cpp's converter falls back to Q4_1 / Q8_0 for them too).
+FORMATS = ("F32", "BF16", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
+PEAK_SECONDS = 0.25
+READ_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Peak:
+    fma_gflops: float
+    bf16_dot_gflops: float | None  # None: the CPU has no AVX512-BF16
+    read_gbps: float
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    kernel: str
+    dtype: str  # of the activations: float32 or bfloat16
+    rows: int
+    seconds: float  # median of the repeats, one call of everything the row covers
+    flops: float
+    bytes: float  # weights (or K/V) read, plus activations in and out
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+
+def measure_peak(repeats: int = 3) -> Peak:
+    ops = cpu_ops.ops()
+
+    def loop_gflops(kind: str) -> float:
+        iterations = 1 << 16
+        while True:  # grow until a call takes long enough to time
+            started = time.perf_counter()
+            flops = ops.peak_loop(kind, iterations)
+            seconds = time.perf_counter() - started
+            if seconds >= PEAK_SECONDS / 4:
+                break
+            iterations *= 4
+        best = flops / seconds
+        for _ in range(repeats):
+            started = time.perf_counter()
+            flops = ops.peak_loop(kind, iterations)
+            best = max(best, flops / (time.perf_counter() - started))
+        return best / 1e9
+
+    has_bf16_dot = cpu_ops.active_instruction_set().name in ("avx512bf16", "amx")
+    data = torch.ones(READ_BYTES // 4)
+    read = min(_timed(lambda: data.sum()) for _ in range(repeats))
+    return Peak(loop_gflops("fma"), loop_gflops("bf16_dot") if has_bf16_dot else None, READ_BYTES / read / 1e9)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _linear(weight: torch.Tensor, form: str) -> nn.Module:
+    """weight (float32) as the module a model holds for it in this format."""
+    if form in ("F32", "BF16"):
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        linear.weight = nn.Parameter(weight.to(torch.float32 if form == "F32" else torch.bfloat16), requires_grad=False)
+        return SmallBatchLinear.sharing(linear)
+    kind = gguf.GGMLQuantizationType[form]
+    blocks = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
+    return GGUFBlockLinear(blocks, kind, weight.shape[1], None)
+
+
+def _weight_bytes(module: nn.Module) -> int:
+    tensors = [module.blocks] if isinstance(module, GGUFBlockLinear) else [module.weight]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: builds, first touches
+    return statistics.median(_timed(fn) for _ in range(repeats))
+
+
+def linear_timings(
+    forms: tuple[str, ...], rows: tuple[int, ...], dtypes: tuple[torch.dtype, ...], repeats: int, layers: int = LAYERS
+) -> Iterator[KernelTiming]:
+    """A decode step's layer linears (of every layer) per weight format, and the Q8_0 head (the
+    packaged SmolLM2's), per row count and dtype."""
+    generator = torch.Generator().manual_seed(0)
+    shapes = LAYER_SHAPES * layers
+    weights = [torch.randn(shape, generator=generator) * 0.05 for shape in shapes]
+    for form in forms:
+        modules = [_linear(weight, form) for weight in weights]
+        yield from _linear_rows(f"layer linears {form}", modules, rows, dtypes, repeats)
+        del modules
+    head = [_linear(torch.randn(VOCAB, HIDDEN, generator=generator) * 0.05, "Q8_0")]
+    yield from _linear_rows("head Q8_0", head, rows, dtypes, repeats)
+
+
+def _linear_rows(
+    name: str, modules: list[nn.Module], rows: tuple[int, ...], dtypes: tuple[torch.dtype, ...], repeats: int
+) -> Iterator[KernelTiming]:
+    weight_bytes = sum(_weight_bytes(module) for module in modules)
+    for dtype in dtypes:
+        if not _runs_in(modules[0], dtype):
+            continue
+        for count in rows:
+            inputs = {k: torch.randn(count, k).to(dtype) for k in {module.in_features for module in modules}}
+            flops = sum(2 * count * module.in_features * module.out_features for module in modules)
+            activations = sum(count * (module.in_features + module.out_features) for module in modules)
+            with torch.inference_mode():
+                seconds = _time(lambda: [module(inputs[module.in_features]) for module in modules], repeats)
+            yield KernelTiming(name, _dtype_name(dtype), count, seconds, flops,
+                               weight_bytes + activations * (2 if dtype == torch.bfloat16 else 4))
+
+
+def _runs_in(module: nn.Module, dtype: torch.dtype) -> bool:
+    """Whether a model of this dtype runs this module: GGUF blocks run in either, a dense weight in its own."""
+    return isinstance(module, GGUFBlockLinear) or module.weight.dtype == dtype
+
+
+def attention_timings(batches: tuple[int, ...], context: int, repeats: int, layers: int = LAYERS) -> Iterator[KernelTiming]:
+    """Paged decode attention of every layer, float32 queries over a float32 and a bfloat16 cache."""
+    for cache_dtype in (torch.float32, torch.bfloat16):
+        for batch in batches:
+            inputs = make_inputs(batch, cache_dtype, layers, context, context)
+            query = inputs.query.float()
+
+            def step() -> None:
+                for layer in range(layers):
+                    cpu_ops.paged_decode_attention(query, inputs.key_caches[layer], inputs.value_caches[layer],
+                                                   inputs.block_tables_int32, inputs.context_lens, SCALE)
+
+            positions = batch * context * layers
+            flops = 4 * positions * NUM_HEADS * HEAD_DIM  # q.k and p.v, a multiply-add each
+            kv_bytes = 2 * positions * NUM_KV_HEADS * HEAD_DIM * inputs.key_caches[0].element_size()
+            yield KernelTiming(f"paged attention, {_dtype_name(cache_dtype)} K/V, context {context}",
+                               "float32", batch, _time(step, repeats), flops, kv_bytes)
+
+
+def kernel_table(timings: list[KernelTiming], peak: Peak) -> str:
+    """One line a timing: ms, GF/s, GB/s, and shares of the compute peak of its dtype and of the read bandwidth."""
+    header = f"{'kernel':<44}{'dtype':>10}{'rows':>6}{'ms':>9}{'GF/s':>8}{'GB/s':>8}{'% peak':>8}{'% read':>8}"
+    lines = [header]
+    for t in timings:
+        compute_peak = peak.bf16_dot_gflops if t.dtype == "bfloat16" and peak.bf16_dot_gflops else peak.fma_gflops
+        lines.append(
+            f"{t.kernel:<44}{t.dtype:>10}{t.rows:>6}{t.seconds * 1e3:>9.2f}{t.gflops:>8.1f}{t.gbps:>8.1f}"
+            f"{t.gflops / compute_peak:>8.0%}{t.gbps / peak.read_gbps:>8.0%}"
+        )
+    return "\n".join(lines)
+
+
+def peak_summary(peak: Peak) -> str:
+    bf16 = f"{peak.bf16_dot_gflops:.0f} GF/s" if peak.bf16_dot_gflops else "none (no AVX512-BF16)"
+    return (f"peak on {torch.get_num_threads()} threads ({cpu_ops.active_instruction_set().name} build): "
+            f"float32 FMA {peak.fma_gflops:.0f} GF/s, bfloat16 dot {bf16}, read {peak.read_gbps:.1f} GB/s")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def decode_layer_timings(dtypes: tuple[torch.dtype, ...], rows: int, steps: int = 24) -> Iterator[KernelTiming]:
+    """The packaged SmolLM2 model's fused decode layer (`decoder_layer_`: norms, linears from the
+    file's Q4_1 / Q8_0 blocks, rotary, K/V write, paged attention) per call at `rows` sequences,
+    from a profile of decode steps, beside its own linears alone at the same rows."""
+    from ember_core import LLM, SamplingParams
+
+    for dtype in dtypes:
+        llm = LLM(dtype=_dtype_name(dtype), max_num_seqs=rows)
+        prompts = [[100 + 7 * i + j for j in range(64)] for i in range(rows)]
+        params = SamplingParams(max_tokens=steps, ignore_eos=True)
+        llm.generate(prompts, params)  # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            llm.generate(prompts, params)
+        calls = [event for event in profile.key_averages() if event.key.endswith("decoder_layer_")]
+        layers = llm.engine.loaded.model.layers
+        linears = [linear for layer in layers for linear in _own_linears(layer)]
+        flops = sum(2 * rows * linear.in_features * linear.out_features for linear in linears) / len(layers)
+        weight_bytes = sum(_weight_bytes(linear) for linear in linears) / len(layers)
+        if calls:
+            per_call = calls[0].cpu_time_total / calls[0].count / 1e6
+            yield KernelTiming("decode layer, fused (SmolLM2 GGUF)", _dtype_name(dtype), rows, per_call, flops, weight_bytes)
+        inputs = {k: torch.randn(rows, k).to(dtype) for k in {linear.in_features for linear in linears}}
+        with torch.inference_mode():
+            seconds = _time(lambda: [linear(inputs[linear.in_features]) for linear in linears], 5) / len(layers)
+        yield KernelTiming("its linears alone, per layer", _dtype_name(dtype), rows, seconds, flops, weight_bytes)
+        del llm
+
+
+def _own_linears(layer: nn.Module) -> list[nn.Module]:
+    attention, mlp = layer.self_attn, layer.mlp
+    return [attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj]
