@@ -66,12 +66,13 @@ def _block_linear(model: Decoder, name: str, shards: list[tuple[str, ReaderTenso
     return StackedBlockLinear(parts, linear.bias)
 
 
-def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor]) -> int:
+def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor], only_layer: int | None = None) -> int:
     """Replace each Linear whose GGUF tensors are all in block formats the kernel reads, and the
     token embedding when it is in one (sharing a tied head's blocks); returns how many.
 
     The model must already hold the dequantized weights: a module with a tensor in another format
-    (such as IQ3_S or F32) keeps them; 16-bit ones are keep_16_bit_weights' job.
+    (such as IQ3_S or F32) keeps them; 16-bit ones are keep_16_bit_weights' job. only_layer: just
+    that decoder layer's Linears, on a model built without weights (the dtype probe's).
     """
     by_module = {
         hf_name(t.name, model.config.family).removeprefix("model.").removesuffix(".weight"): t
@@ -79,6 +80,8 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor]) -> int:
         if t.name not in NOT_WEIGHTS and t.name.endswith(".weight")
     }
     linears = [(name, module) for name, module in model.named_modules() if type(module) is nn.Linear]
+    if only_layer is not None:
+        linears = [(name, linear) for name, linear in linears if name.startswith(f"layers.{only_layer}.")]
     replaced = 0
     for name, linear in linears:
         block_linear = _block_linear(model, name, [(shard, by_module[shard]) for shard in _shard_names(model, name)], linear)
@@ -87,6 +90,8 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor]) -> int:
         parent_name, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attribute, block_linear)
         replaced += 1
+    if only_layer is not None:
+        return replaced
     embedding = by_module["embed_tokens"]
     if embedding.tensor_type in GGUF_BLOCK_FORMATS and embedding.tensor_type not in SIXTEEN_BIT_KINDS.values():
         head = model.lm_head

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 import gguf
+from gguf.gguf_reader import ReaderTensor
 import numpy as np
 import torch
 from torch import nn
@@ -45,11 +46,20 @@ def load_gguf(
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
     config = decoder_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
-    dtype = chosen_dtype(dtype, lambda: Decoder(config))
+    keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
+    dtype = chosen_dtype(dtype, lambda: _with_first_layer_blocks(Decoder(config), reader.tensors, keeps_blocks))
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
     weights = iter_gguf_weights(reader.tensors, config, dtype)
     model = materialize(lambda: Decoder(config), weights, device, dtype, norm_offset=0.0)
-    if keep_blocks and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available():
+    if keeps_blocks and dtype in (torch.float32, torch.bfloat16):
         replaced = keep_gguf_blocks(model, reader.tensors)
         logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
     return model, tokenizer
+
+
+def _with_first_layer_blocks(model: Decoder, tensors: list[ReaderTensor], keeps_blocks: bool) -> Decoder:
+    """The model (built without weights) with its first layer's linears on the file's blocks, where
+    the loaded model will run them so: what the dtype probe times."""
+    if keeps_blocks:
+        keep_gguf_blocks(model, tensors, only_layer=0)
+    return model

@@ -1,9 +1,11 @@
 """`--dtype auto` on a CPU with native bfloat16 (AVX512-BF16, AMX): bfloat16 only where this
 machine runs the model's own linears faster in it than in float32. Native instructions are not
 enough: the float32 path has ember's tuned kernels, and how much bfloat16 gains depends on the
-CPU (AMX tiles, or only vdpbf16ps) and on the layer shapes. The probe times one decoder layer's
-linears at a decode step's rows in both dtypes, through the paths each would take here, in a few
-milliseconds at start, and logs the figures with the choice."""
+CPU (AMX tiles, or only vdpbf16ps), on the layer shapes and on the format the weights run from: a
+GGUF model's blocks are widened to bfloat16 or to float32 as they are read, at a cost of its own.
+The probe times one decoder layer's linears as the model will run them (its GGUF blocks, or dense
+weights of its shapes) at a decode step's rows in both dtypes, through the paths each would take
+here, in a few milliseconds at start, and logs the figures with the choice."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from ember_core.device import cpu_has_fast_bf16, resolve_dtype
-from ember_core.layers.linear import use_small_batch_linears
+from ember_core.layers.linear import GGUFBlockLinear, StackedBlockLinear, use_small_batch_linears
 from ember_core.loaders.materialize import DtypeChoice
 
 logger = logging.getLogger(__name__)
@@ -31,22 +33,40 @@ def dtype_for_model(dtype: str | torch.dtype | None, device: torch.device) -> Dt
     return resolve_dtype(dtype, device)
 
 
-def _layer_linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
-    """(in_features, out_features) of the linears of the model's first decoder layer."""
+def _layer_linears(model: nn.Module) -> list[nn.Module]:
+    """The linears of the model's first decoder layer: GGUF block linears where the loader put the
+    file's blocks on the model, else its nn.Linears (on the meta device: shapes only)."""
     layer = next(module for module in model.modules() if isinstance(module, nn.ModuleList))[0]
-    return [(linear.in_features, linear.out_features) for linear in layer.modules() if isinstance(linear, nn.Linear)]
+
+    def linears(module: nn.Module) -> list[nn.Module]:
+        found = []
+        for child in module.children():
+            found.extend([child] if isinstance(child, (nn.Linear, GGUFBlockLinear, StackedBlockLinear)) else linears(child))
+        return found
+
+    return linears(layer)
 
 
-def _seconds_per_pass(shapes: list[tuple[int, int]], dtype: torch.dtype) -> float:
+def _runnable(linear: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """What a model in dtype runs for linear, without its bias: the same blocks, or a dense weight of its shape."""
+    if isinstance(linear, GGUFBlockLinear):
+        return GGUFBlockLinear(linear.blocks, linear.kind, linear.in_features, None)
+    if isinstance(linear, StackedBlockLinear):
+        return StackedBlockLinear([_runnable(part, dtype) for part in linear.parts], None)
+    return nn.Linear(linear.in_features, linear.out_features, bias=False, dtype=dtype)
+
+
+def _seconds_per_pass(linears: list[nn.Module], dtype: torch.dtype) -> float:
     generator = torch.Generator().manual_seed(0)
-    linears = nn.Sequential(*(nn.Linear(n_in, n_out, bias=False, dtype=dtype) for n_in, n_out in shapes))
-    use_small_batch_linears(linears)  # the path a model in this dtype takes here
-    inputs = [torch.randn(PROBE_ROWS, n_in, generator=generator).to(dtype) for n_in, _ in shapes]
+    runnable = nn.ModuleList(_runnable(linear, dtype) for linear in linears)
+    if any(type(linear) is nn.Linear for linear in runnable):
+        use_small_batch_linears(runnable)  # the path a model in this dtype takes here
+    inputs = [torch.randn(PROBE_ROWS, linear.in_features, generator=generator).to(dtype) for linear in linears]
     best = float("inf")
     with torch.inference_mode():
         for _ in range(1 + PROBE_REPEATS):  # the first pass warms caches and builds
             start = time.perf_counter()
-            for linear, x in zip(linears, inputs):
+            for linear, x in zip(runnable, inputs):
                 linear(x)
             best = min(best, time.perf_counter() - start)
     return best
@@ -54,8 +74,8 @@ def _seconds_per_pass(shapes: list[tuple[int, int]], dtype: torch.dtype) -> floa
 
 def faster_cpu_dtype(model: nn.Module) -> torch.dtype:
     """bfloat16 if a decoder layer's linears run faster in it here than in float32, else float32."""
-    shapes = _layer_linear_shapes(model)
-    float32, bfloat16 = _seconds_per_pass(shapes, torch.float32), _seconds_per_pass(shapes, torch.bfloat16)
+    linears = _layer_linears(model)
+    float32, bfloat16 = _seconds_per_pass(linears, torch.float32), _seconds_per_pass(linears, torch.bfloat16)
     choice = torch.bfloat16 if bfloat16 < float32 else torch.float32
     logger.info(
         "dtype auto: %s (a decoder layer's linears at %d rows: float32 %.2f ms, bfloat16 %.2f ms)",
