@@ -177,8 +177,8 @@ async def test_when_every_engine_is_behind_the_gateway_answers_429_with_retry_af
         engine.step_interval = 0.5  # slow steps: whatever is sent stays in flight
     front = await start_front([engine.address for engine in engines], routing="kv", max_pending=4)
     held = [asyncio.create_task(front.complete(prompt=f"user {user}", max_tokens=4)) for user in range(4)]
-    await wait_until_async(lambda: front.pool.num_in_flight == 4, 5.0, "four requests in flight")
-    assert sorted(engine.num_running for engine in engines) == [2, 2]
+    await wait_until_async(lambda: sum(engine.num_running for engine in engines) == 4, 5.0, "four requests running")
+    assert front.pool.num_in_flight == 4 and all(engine.num_running for engine in engines)  # on both engines
     body = {"model": "fake-model", "prompt": "one more", "max_tokens": 2}
     async with front.http.post("/v1/completions", json=body) as response:
         assert response.status == 429 and response.headers["Retry-After"] == "1"
