@@ -5,7 +5,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -15,12 +14,11 @@ namespace {
 
 constexpr int kChains = 12;
 
-// Runs step(acc) `iterations` times on every thread; returns the threads' count. The accumulators
-// are summed into a sink at the end, so the loop cannot be dropped.
+// Runs step(acc) `iterations` times on every thread; returns the threads' count. Each thread's
+// accumulators end in a volatile store, so the loop cannot be dropped.
 template <typename Vector, typename Step>
 int64_t on_every_thread(int64_t iterations, Vector start, Step&& step) {
   const int64_t threads = at::get_num_threads();
-  std::atomic<float> sink{0.0f};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     Vector acc[kChains];
     for (Vector& a : acc) a = start;
@@ -28,9 +26,10 @@ int64_t on_every_thread(int64_t iterations, Vector start, Step&& step) {
       for (Vector& a : acc) a = step(a);
     float total = 0.0f;
     for (const Vector& a : acc) total += reinterpret_cast<const float*>(&a)[0];
-    sink.store(sink.load() + total);
+    volatile float sink = total;
+    (void)sink;
   });
-  return sink.load() == 12345.0f ? threads + 1 : threads;  // never true; keeps the sink alive
+  return threads;
 }
 
 int64_t fma_flops(int64_t iterations) {
