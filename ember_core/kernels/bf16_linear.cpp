@@ -63,6 +63,28 @@ struct Problem {
 
 inline __m512bh load_bf16(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
 
+// The tile's outputs from sums (sixteen_sums' lane 4 (slot % 4) + slot / 4 holds slot a * Rows + r:
+// x row a against weight row r), plus the bias, rounded to bfloat16 16 at a time.
+template <int64_t XRows, int64_t Rows>
+__attribute__((always_inline)) inline void store_tile(const Problem& p, __m512 sums, int64_t xrow, int64_t row) {
+  alignas(64) static constexpr auto kIndex = [] {
+    struct { int32_t lane_of_slot[16], row_of_slot[16]; } index{};
+    for (int32_t slot = 0; slot < 16; ++slot) {
+      index.lane_of_slot[slot] = 4 * (slot % 4) + slot / 4;
+      index.row_of_slot[slot] = static_cast<int32_t>(slot % Rows);
+    }
+    return index;
+  }();
+  __m512 total = _mm512_permutexvar_ps(_mm512_load_si512(kIndex.lane_of_slot), sums);
+  if (p.bias != nullptr)  // load_bf16_sixteen's lane r: bias[row + r]
+    total = _mm512_add_ps(total, _mm512_permutexvar_ps(_mm512_load_si512(kIndex.row_of_slot),
+                                                       load_bf16_sixteen(p.bias + row, Rows)));
+  alignas(32) uint16_t rounded[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(rounded), (__m256i)_mm512_cvtneps_pbh(total));
+  for (int64_t a = 0; a < XRows; ++a)
+    std::memcpy(p.y + (xrow + a) * p.n + row, rounded + a * Rows, Rows * sizeof(uint16_t));
+}
+
 // Weight rows [row, row + Rows), stored at w with w_stride values between rows, against x rows
 // [xrow, xrow + XRows). `next`, when set, is the next tile's first row, prefetched a line per row
 // per step so it streams in while this one computes.
@@ -71,7 +93,8 @@ inline void dot_tile(const Problem& p, const uint16_t* w, int64_t w_stride, int6
                      const uint16_t* next) {
   static_assert(XRows * Rows <= 16);
   __m512 acc[16];
-  for (__m512& a : acc) a = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (__m512& a : acc) a = _mm512_setzero_ps();  // unrolled: else a memset of the array on the stack
   const uint16_t* x = p.x + xrow * p.k;
   for (int64_t i = 0; i < p.k; i += kValuesPerStep) {
     if (next != nullptr)
@@ -83,15 +106,7 @@ inline void dot_tile(const Problem& p, const uint16_t* w, int64_t w_stride, int6
       for (int64_t a = 0; a < XRows; ++a) acc[a * Rows + r] = _mm512_dpbf16_ps(acc[a * Rows + r], xv[a], wv);
     }
   }
-  float sums[16];
-  _mm512_storeu_ps(sums, sixteen_sums(acc));
-  for (int64_t a = 0; a < XRows; ++a)
-    for (int64_t r = 0; r < Rows; ++r) {
-      const int64_t slot = a * Rows + r;
-      float total = sums[4 * (slot % 4) + slot / 4];
-      if (p.bias != nullptr) total += static_cast<float>(p.bias[row + r]);
-      p.y[(xrow + a) * p.n + row + r] = c10::BFloat16(total);
-    }
+  store_tile<XRows, Rows>(p, sixteen_sums(acc), xrow, row);
 }
 
 constexpr int64_t kTileRows = 4;  // 4 x rows by 4 weight rows: 16 accumulators, 4 x and 1 weight register
@@ -127,7 +142,18 @@ inline void expand_step_to_bf16(const uint8_t* row_blocks, int64_t step, uint16_
   constexpr BlockLayout layout = kBlockLayouts[Format];
   constexpr int64_t steps_per_block = layout.values / kValuesPerStep;
   const uint8_t* block = row_blocks + step / steps_per_block * layout.bytes;
-  if constexpr (kExpandsSixteenWide<Format>) {
+  if constexpr (Format == kQ4_1) {
+    // A block takes 16 values, d q + m for q < 16: round those 16 once to bfloat16 and look each
+    // of the 32 nibbles up in them (vpermw), ~40% fewer instructions than widening all 32.
+    const __m512 pairs = _mm512_cvtph_ps(_mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(block))));
+    const __m512 levels = _mm512_fmadd_ps(_mm512_permute_ps(pairs, 0x00),
+                                          _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_permute_ps(pairs, 0x55));
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 4)));
+    const __m512i nibbles = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bytes, _mm256_set1_epi16(0x0F))),
+                                               _mm256_srli_epi16(bytes, 4), 1);
+    _mm512_storeu_si512(out, _mm512_permutexvar_epi16(nibbles, _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(levels))));
+  } else if constexpr (kExpandsSixteenWide<Format>) {
     const SixteenWide values = block_sixteen_wide<Format>(block);
     store_bf16(out, values.low, values.high);
   } else {

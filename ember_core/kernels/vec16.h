@@ -12,7 +12,7 @@ namespace {
 // Lane 4c + l of the result: the sum of acc[4l + c]'s 16 lanes. Every accumulator's lanes are added
 // in the same tree (j + 8, then j + 4, then (0 + 2) + (1 + 3)), whichever slot it takes, so an
 // output's bits do not depend on the tile around it; 16 sums cost ~30 instructions, not ~16 x 8.
-inline __m512 sixteen_sums(const __m512 (&acc)[16]) {
+__attribute__((always_inline)) inline __m512 sixteen_sums(const __m512 (&acc)[16]) {
   __m512 halves[8], quarters[4], pairs[2];
   for (int t = 0; t < 8; ++t) {  // [acc[2t] lanes j + (j + 8) | acc[2t + 1] lanes j + (j + 8)], j < 8
     const __m512 low = _mm512_shuffle_f32x4(acc[2 * t], acc[2 * t + 1], 0x44);
