@@ -198,6 +198,7 @@ void dpbf16_linear(const Problem& p, const Weight& w) {
   parallel_over_tiles(tiles, buffer, [&](std::vector<uint16_t>& rows, int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t row = tile * Rows;
+      if constexpr (Format != kBF16) prefetch_block_rows<2>(w.blocks, w.row_bytes, w.n, row + Rows, Rows);
       if (row + Rows > p.n) {  // the last rows, one at a time
         for (int64_t r = row; r < p.n; ++r) tile_against_x<1>(p, bf16_rows<Format>(w, k, r, 1, rows), k, r, nullptr);
         continue;

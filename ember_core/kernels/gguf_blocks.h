@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -50,6 +51,17 @@ constexpr BlockLayout kBlockLayouts[] = {
 
 // ggml's kvalues_iq4nl: the non-linear levels IQ4_NL's and IQ4_XS's 4-bit indices pick.
 constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Asks for the blocks of rows [first_row, first_row + count) of an n-row weight, clipped to it:
+// into L1 (Locality 3) or L2 (2). A tile kernel asks for its next tile's while it computes this one:
+// a thread's tiles are short stretches of memory, taken by turns with the other threads, which the
+// hardware prefetchers pick up too late.
+template <int Locality = 3>
+inline void prefetch_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t first_row, int64_t count) {
+  const uint8_t* end = blocks + std::min(first_row + count, n) * row_bytes;
+  for (const uint8_t* line = blocks + std::min(first_row, n) * row_bytes; line < end; line += 64)
+    __builtin_prefetch(line, 0, Locality);
+}
 
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;

@@ -341,14 +341,8 @@ void check_blocks(const at::Tensor& blocks, int64_t format, int64_t k, const cha
 
 // Hardware prefetchers restart at every 4 KiB page, so a one-row step, which streams the blocks
 // with little compute per byte, would wait on memory between bursts of compute; fetching a few rows
-// ahead overlaps the two (measured: ~1.4x faster). With more x rows the tiles are bound by their
-// FMAs, and prefetching into L1 there only evicts the tile (measured slower).
+// ahead overlaps the two (measured: ~1.4x faster).
 constexpr int64_t kPrefetchRowsAhead = 4;
-
-inline void prefetch_rows(const uint8_t* blocks, int64_t first_row, int64_t rows, int64_t row_bytes) {
-  const uint8_t* start = blocks + first_row * row_bytes;
-  for (int64_t offset = 0; offset < rows * row_bytes; offset += 64) __builtin_prefetch(start + offset);
-}
 
 template <int64_t Format>
 void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_bytes) {
@@ -364,11 +358,14 @@ void gguf_block_linear_as(const Problem& p, const uint8_t* blocks, int64_t row_b
         // Two rows at a time: their accumulators, x and the expanded values fit in registers
         // (measured: 2 rows ~1.3x faster than 4 or 8, which spill).
         for (int64_t r = 0; r < tile_rows; r += 2) {
-          prefetch_rows(blocks, row + r + kPrefetchRowsAhead, std::min<int64_t>(2, p.n - row - r - kPrefetchRowsAhead), row_bytes);
+          prefetch_block_rows(blocks, row_bytes, p.n, row + r + kPrefetchRowsAhead, 2);
           block_rows_against_one_x_row<Format, 2>(p, blocks, row_bytes, row + r);
         }
         continue;
       }
+      // Into L2: with more x rows the tiles are bound by their FMAs, and the next tile's blocks
+      // in L1 would evict this one's values (measured slower).
+      prefetch_block_rows<2>(blocks, row_bytes, p.n, row + tile_rows, tile_rows);
       for (int64_t r = 0; r < tile_rows; ++r)
         expand_row<Format>(blocks + (row + r) * row_bytes, k, tile_weights + r * k);
       tile_against_x(p, tile_weights, row, nullptr);
