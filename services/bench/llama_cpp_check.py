@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +23,7 @@ from typing import Any
 import torch
 
 from ember_bench.gguf_export import FILE_TYPES, export_gguf
+from ember_bench.llama_server import LlamaServer
 from ember_bench.random_models import RANDOM_FAMILIES, random_checkpoint
 
 
@@ -69,7 +66,7 @@ TEXTS = (
     " two  spaces, a tab\tand\nlines\n\nend",
     "caf\u00e9 \u6771\u4eac \U0001f999 <|im_start|> user<|im_end|>",
 )
-_SERVER_START_S = 120.0
+CHECK_SERVER_ARGS = ("-c", "512", "-np", "1", "-t", "2", "--no-warmup")
 
 
 @dataclass(frozen=True)
@@ -130,7 +127,8 @@ def run_check(
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager").eval()
     references = [_transformers_greedy(model, prompt, new_tokens) for prompt in prompts]
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    with _LlamaServer(llama_server, gguf_path, work_dir / f"{name}-server.log") as server:
+    log_path = work_dir / f"{name}-server.log"
+    with LlamaServer(llama_server, gguf_path, log_path, CHECK_SERVER_ARGS) as server:
         outputs = [server.greedy(prompt, new_tokens) for prompt in prompts]
         tokenized = [server.tokenize(text) for text in TEXTS]
     return CheckResult(
@@ -169,69 +167,6 @@ def _divergence(runners_up: list[tuple[int, float]], reference: list[int], outpu
         if expected != got:
             return Divergence(step, *runners_up[step], llama_cpp_token=got)
     return None
-
-
-class _LlamaServer:
-    def __init__(self, binary: Path, model: Path, log_path: Path) -> None:
-        self.port = _free_port()
-        self.command = [
-            str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-            "-c", "512", "-np", "1", "-t", "2", "--no-warmup",
-        ]
-        self.log_path = log_path
-
-    def __enter__(self) -> _LlamaServer:
-        self.log = self.log_path.open("w")
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + _SERVER_START_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.process.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.5)
-        self.__exit__()
-        raise RuntimeError(f"llama-server did not become healthy in {_SERVER_START_S:.0f} s; see {self.log_path}")
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-
-    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
-        """Greedy tokens, up to and including an end-of-generation token. (ignore_eos would not
-        do: llama.cpp bans every token it counts as end-of-generation, transformers none.)"""
-        reply = self._post("/completion", {
-            "prompt": prompt, "n_predict": new_tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
-            "return_tokens": True,
-        })
-        if len(reply["tokens"]) < new_tokens and reply["stop_type"] != "eos":
-            raise RuntimeError(f"llama-server stopped after {len(reply['tokens'])} tokens: {reply['stop_type']}")
-        return reply["tokens"]
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._post("/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return json.loads(response.read())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ STARTUP_TIMEOUT_S = 300.0
 @contextmanager
 def local_server(model: str, engines: int, serve_args: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
     """(url, the launcher's process) once `engines` engines are ready."""
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "ember_cli", "serve", "--model", model, "--port", str(port),
             "--log-level", "WARNING", *serve_args]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -47,7 +47,7 @@ def served_model(url: str) -> str:
         return json.load(response)["data"][0]["id"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
