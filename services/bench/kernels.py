@@ -28,6 +28,7 @@ LAYER_SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HI
 # F32 / BF16: dense weights of that dtype. No K-quants: their 256-value super-blocks do not divide
 # SmolLM2's 576-wide rows (llama.cpp's converter falls back to Q4_1 / Q8_0 for them too).
 FORMATS = ("F32", "BF16", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
+REFERENCE_KERNEL = "layer linears BF16, torch F.linear (oneDNN)"
 PEAK_SECONDS = 0.25
 READ_BYTES = 1 << 30
 
@@ -99,6 +100,12 @@ def _linear(weight: torch.Tensor, form: str) -> nn.Module:
     return GGUFBlockLinear(blocks, kind, weight.shape[1], None)
 
 
+def _torch_linear(weight: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
+
+
 def _weight_bytes(module: nn.Module) -> int:
     tensors = [module.blocks] if isinstance(module, GGUFBlockLinear) else [module.weight]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -120,6 +127,13 @@ def linear_timings(
     for form in forms:
         modules = [_linear(weight, form) for weight in weights]
         yield from _linear_rows(f"layer linears {form}", modules, rows, dtypes, repeats)
+        del modules
+    if "BF16" in forms and torch.bfloat16 in dtypes:
+        # The bar ember's bfloat16 path is held to: torch's own bf16 GEMM (oneDNN) on the same dense
+        # weights. On a CPU with AMX, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 with EMBER_CPU_ISA=avx512bf16
+        # compares both vdpbf16ps paths.
+        modules = [_torch_linear(weight.bfloat16()) for weight in weights]
+        yield from _linear_rows(REFERENCE_KERNEL, modules, rows, (torch.bfloat16,), repeats)
         del modules
     head = [_linear(torch.randn(VOCAB, HIDDEN, generator=generator) * 0.05, "Q8_0")]
     yield from _linear_rows("head Q8_0", head, rows, dtypes, repeats)

@@ -9,6 +9,7 @@ import torch
 
 from ember_bench import kernel_linear
 from ember_bench.cli import main as bench_main
+from ember_bench.kernels import REFERENCE_KERNEL
 from ember_core.kernels import cpu_ops
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
@@ -39,6 +40,7 @@ def test_the_kernel_table_reports_every_kernel_against_this_machine_s_peak(tmp_p
         assert {(kernel_name, dtype, rows) for dtype in ("float32", "bfloat16") for rows in (1, 4)} <= timed
     assert {("layer linears BF16", "bfloat16", 1), ("layer linears BF16", "bfloat16", 4)} <= timed
     assert not any(kernel == "layer linears BF16" and dtype == "float32" for kernel, dtype, _ in timed)
+    assert {(REFERENCE_KERNEL, "bfloat16", 1), (REFERENCE_KERNEL, "bfloat16", 4)} <= timed  # torch's GEMM, the bar
     assert ("paged attention, bfloat16 K/V, context 32", "float32", 2) in timed
     for dtype in ("float32", "bfloat16"):
         assert ("its linears alone, per layer", dtype, 16) in timed
