@@ -93,8 +93,7 @@ inline void dot_tile(const Problem& p, const uint16_t* w, int64_t w_stride, int6
                      const uint16_t* next) {
   static_assert(XRows * Rows <= 16);
   __m512 acc[16];
-#pragma GCC unroll 16
-  for (__m512& a : acc) a = _mm512_setzero_ps();  // unrolled: else a memset of the array on the stack
+  set_zero(acc);
   const uint16_t* x = p.x + xrow * p.k;
   for (int64_t i = 0; i < p.k; i += kValuesPerStep) {
     if (next != nullptr)

@@ -99,7 +99,8 @@ struct Shapes {
 template <int64_t Heads, typename T>
 inline void chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim, float* scores,
                          int64_t stride) {
-  vfloat partial[Heads][kRows] = {};
+  vfloat partial[Heads][kRows];
+  set_zero(partial);
   int64_t d = 0;
   for (; d + kLanes <= head_dim; d += kLanes) {
     vfloat qv[Heads];
@@ -171,7 +172,8 @@ inline void for_each_token(const Span& span, const int32_t* block_table, const S
 template <typename T, int64_t Heads, int64_t Vectors>
 inline void accumulate_value_slice(float* acc, const float* weights, const T* values, const int32_t* block_table,
                                    const Span& span, const Shapes& s, int64_t weight_stride) {
-  vfloat a[Heads][Vectors] = {};
+  vfloat a[Heads][Vectors];
+  set_zero(a);
   for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
     vfloat v[Vectors];
     for (int64_t j = 0; j < Vectors; ++j) v[j] = load(values + offset + j * kLanes);
@@ -353,7 +355,7 @@ inline __m512 wide_chunk_scores(const c10::BFloat16* q, const c10::BFloat16* con
                                 int64_t head_dim, float scale) {
   // sixteen_sums puts slot 4l + c's sum in lane 4c + l: row r goes to slot 4 (r % 4) + r / 4.
   __m512 acc[kWideRows];
-  for (__m512& a : acc) a = _mm512_setzero_ps();
+  set_zero(acc);
   for (int64_t d = 0; d < head_dim; d += kPairsPerStep) {
     const int64_t count = std::min(kPairsPerStep, head_dim - d);
     const __mmask32 valid = count == kPairsPerStep ? ~__mmask32(0) : static_cast<__mmask32>((1u << count) - 1);
@@ -375,8 +377,7 @@ inline void wide_accumulate_values(float* acc, const float* weights, const c10::
   constexpr int64_t kVectors = 4, kWidth = 16;
   for (int64_t d = 0; d < s.head_dim; d += kVectors * kWidth) {
     __m512 a[Heads][kVectors];
-    for (auto& head : a)
-      for (__m512& v : head) v = _mm512_setzero_ps();
+    set_zero(a);
     int64_t counts[kVectors];
     for (int64_t j = 0; j < kVectors; ++j) counts[j] = std::clamp<int64_t>(s.head_dim - d - j * kWidth, 0, kWidth);
     for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {

@@ -140,7 +140,8 @@ template <int64_t XRows, int64_t Rows>
 inline void dot_tile(const Problem& p, const float* w, int64_t xrow, int64_t row, const float* next) {
   const int64_t k = p.k;
   const float* x = p.x + xrow * k;
-  vfloat acc[XRows][Rows] = {};
+  vfloat acc[XRows][Rows];
+  set_zero(acc);
   int64_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
     if (next != nullptr && i % (2 * kLanes) == 0)
