@@ -55,6 +55,26 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
         ),
     ),
     "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
+    # The mixtures of experts: 6-8 experts, top-2, with and without renormalised weights; Qwen2-MoE's
+    # shared expert and a dense layer (mlp_only_layers), Qwen3-MoE's dense layers between sparse ones.
+    "mixtral": (
+        transformers.MixtralConfig, transformers.MixtralForCausalLM,
+        dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, sliding_window=WINDOW),
+    ),
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM,
+        dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+             mlp_only_layers=[2], norm_topk_prob=False),
+    ),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2, head_dim=24,
+             norm_topk_prob=True),
+    ),
+    "olmoe": (
+        transformers.OlmoeConfig, transformers.OlmoeForCausalLM,
+        dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64, norm_topk_prob=False),
+    ),
 }  # fmt: skip
 
 

@@ -16,19 +16,10 @@
 
 namespace {
 
-constexpr int64_t kPlainWeight = -1;  // a linear's format code for an [out, in] weight in hidden's dtype
 constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
+constexpr int64_t kAttentionLinears = 2;  // qkv, o: the attention half alone, for a layer whose MLP runs elsewhere
 // The norms' slots: before and after attention, before and after the MLP, then the q and k norms.
 enum Norm : int64_t { kAttentionIn, kAttentionOut, kMlpIn, kMlpOut, kQuery, kKey, kNorms };
-
-at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  int64_t format) {
-  if (x.scalar_type() == at::kBFloat16)
-    return format == kPlainWeight ? ember::bf16_linear(x, weight.view(at::kByte), bias, kBF16, x.size(1))
-                                  : ember::bf16_linear(x, weight, bias, format, x.size(1));
-  if (format == kPlainWeight) return ember::small_batch_linear(x, weight, bias);
-  return ember::gguf_block_linear(x, weight, bias, format, x.size(1));
-}
 
 at::Tensor normed(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   return weight ? ember::rms_norm(x, *weight, eps) : x;
@@ -44,17 +35,19 @@ void norm_heads_(const at::Tensor& columns, int64_t heads, int64_t head_dim, con
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
 //   hidden += norm_attn_out(o(attention(rotary(qk_norm(qkv(norm_attn_in(hidden)))))))
 //   hidden += norm_mlp_out(down(act_and_mul(gate_up(norm_mlp_in(hidden)))))
-// where an absent norm passes its input through. weights / biases / formats: qkv, o, gate_up, down; a
-// format is a GGUF block format code (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token
-// is its own sequence's decode. Rotary turns the first cos.size(1) dims of each q and k head.
+// where an absent norm passes its input through. weights / biases / formats: qkv, o, gate_up, down, or
+// only qkv and o for the first line alone (a mixture of experts' layer); a format is a GGUF block
+// format code (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token is its own
+// sequence's decode. Rotary turns the first cos.size(1) dims of each q and k head.
 void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& norms, double eps,
                     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
                     bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                     const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window) {
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kLinears && static_cast<int64_t>(biases.size()) == kLinears &&
-                  static_cast<int64_t>(formats.size()) == kLinears,
-              "decoder_layer_: weights, biases and formats must each hold qkv, o, gate_up and down, got ",
+  const int64_t linears = static_cast<int64_t>(weights.size());
+  TORCH_CHECK((linears == kLinears || linears == kAttentionLinears) && static_cast<int64_t>(biases.size()) == linears &&
+                  static_cast<int64_t>(formats.size()) == linears,
+              "decoder_layer_: weights, biases and formats must each hold qkv, o, gate_up and down (or qkv and o), got ",
               weights.size(), ", ", biases.size(), " and ", formats.size());
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNorms, "decoder_layer_: norms must hold ", kNorms,
               " entries (attention in/out, mlp in/out, q, k; None where absent), got ", norms.size());
@@ -62,7 +55,7 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
               "and the caches [num_blocks, block_size, kv_heads, head_dim], got ", hidden.sizes(), " and ",
               key_cache.sizes());
   const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
-  const at::Tensor qkv = linear(normed(hidden, norms.get(kAttentionIn), eps), weights[0], biases.get(0), formats[0]);
+  const at::Tensor qkv = ember::linear(normed(hidden, norms.get(kAttentionIn), eps), weights[0], biases.get(0), formats[0]);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
               qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
   if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
@@ -74,14 +67,28 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
                          heads.narrow(1, num_heads + kv_heads, kv_heads));
   const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
                                                              block_tables, context_lens, scale, softcap, window);
-  const at::Tensor attention_out = linear(attention.view({tokens, num_heads * head_dim}), weights[1], biases.get(1), formats[1]);
+  const at::Tensor attention_out = ember::linear(attention.view({tokens, num_heads * head_dim}), weights[1], biases.get(1), formats[1]);
   hidden.add_(normed(attention_out, norms.get(kAttentionOut), eps));
-  const at::Tensor gate_up = linear(normed(hidden, norms.get(kMlpIn), eps), weights[2], biases.get(2), formats[2]);
+  if (linears == kAttentionLinears) return;
+  const at::Tensor gate_up = ember::linear(normed(hidden, norms.get(kMlpIn), eps), weights[2], biases.get(2), formats[2]);
   const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
-  hidden.add_(normed(linear(activated, weights[3], biases.get(3), formats[3]), norms.get(kMlpOut), eps));
+  hidden.add_(normed(ember::linear(activated, weights[3], biases.get(3), formats[3]), norms.get(kMlpOut), eps));
 }
 
 }  // namespace
+
+namespace ember {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  int64_t format) {
+  if (x.scalar_type() == at::kBFloat16)
+    return format == kPlainWeight ? bf16_linear(x, weight.view(at::kByte), bias, kBF16, x.size(1))
+                                  : bf16_linear(x, weight, bias, format, x.size(1));
+  if (format == kPlainWeight) return small_batch_linear(x, weight, bias);
+  return gguf_block_linear(x, weight, bias, format, x.size(1));
+}
+
+}  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def(

@@ -15,9 +15,15 @@
 
 namespace ember {
 
+// A linear's format code for an [out, in] weight in x's dtype; other codes are GGUF block formats (gguf_blocks.h).
+constexpr int64_t kPlainWeight = -1;
+
 // bf16_linear.cpp
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
                        int64_t format, int64_t in_features);
+
+// decoder_layer.cpp: y = x W^T + b on the kernel for x's dtype (float32 or bfloat16) and W's format.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t format);
 
 // elementwise.cpp
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

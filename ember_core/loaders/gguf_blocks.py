@@ -1,6 +1,6 @@
 """Keep a GGUF file's quantized weights in their blocks: swap the loaded float32 or bfloat16 Linears for
 `GGUFBlockLinear`s over the file's Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS rows (fused QKV and gate/up stacked as
-at load; `StackedBlockLinear` where their parts mix formats)."""
+at load; `StackedBlockLinear` where their parts mix formats), and a sparse layer's experts for their stacked blocks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from ember_core.layers.linear import (
     GGUFBlockLinear,
     StackedBlockLinear,
 )
-from ember_core.loaders.gguf_tensors import NOT_WEIGHTS, hf_name, in_hf_row_order
+from ember_core.layers.moe import Experts
+from ember_core.loaders.gguf_tensors import EXPERT_TENSORS, NOT_WEIGHTS, hf_name, in_hf_row_order
 from ember_core.models.decoder import Decoder
 
 
@@ -31,15 +32,32 @@ def _shard_names(model: Decoder, module_name: str) -> list[str]:
             return [prefix + shard for shard, _ in shards]
     if module_name == "lm_head" and model.config.tie_word_embeddings:
         return ["embed_tokens"]
-    return [module_name]
+    return [model.hf_names().get(f"{module_name}.weight", module_name).removesuffix(".weight")]
+
+
+def _as_bytes(tensor: ReaderTensor) -> torch.Tensor:
+    """A tensor's rows as uint8 blocks (16-bit rows included), in the file's shape."""
+    data = torch.from_numpy(np.array(tensor.data))
+    return data if data.dtype == torch.uint8 else data.view(torch.uint8)
+
+
+def _keep_expert_blocks(experts: Experts, layer: int, by_name: dict[str, ReaderTensor]) -> bool:
+    """Give a sparse layer's experts the file's blocks when gate and up share a format the kernels
+    read (and down is in one), else leave them dense; returns whether they took the blocks."""
+    gate, up, down = (by_name[f"blk.{layer}.{name}.weight"] for name in EXPERT_TENSORS)
+    if gate.tensor_type != up.tensor_type or any(t.tensor_type not in GGUF_BLOCK_FORMATS for t in (gate, down)):
+        return False
+    sixteen_bit = {t.tensor_type for t in (gate, down)} & set(SIXTEEN_BIT_KINDS.values())
+    if sixteen_bit and (experts.hidden_size % SIXTEEN_BIT_ROW_MULTIPLE or experts.expert_size % SIXTEEN_BIT_ROW_MULTIPLE):
+        return False
+    gate_up = torch.cat([_as_bytes(gate), _as_bytes(up)], dim=1).contiguous()
+    experts.keep_blocks(gate_up, GGUF_BLOCK_FORMATS[gate.tensor_type], _as_bytes(down), GGUF_BLOCK_FORMATS[down.tensor_type])
+    return True
 
 
 def _blocks_in_hf_order(model: Decoder, shards: list[tuple[str, ReaderTensor]]) -> torch.Tensor:
     """The shards' rows as uint8 blocks (16-bit rows included), stacked in the fused HF order."""
-    rows = []
-    for shard, tensor in shards:
-        data = torch.from_numpy(np.array(tensor.data))
-        rows.append(in_hf_row_order(f"{shard}.weight", data if data.dtype == torch.uint8 else data.view(torch.uint8), model.config))
+    rows = [in_hf_row_order(f"{shard}.weight", _as_bytes(tensor), model.config) for shard, tensor in shards]
     return torch.cat(rows).contiguous()
 
 
@@ -92,6 +110,10 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor], only_layer: in
         replaced += 1
     if only_layer is not None:
         return replaced
+    by_name = {t.name: t for t in tensors}
+    for name, module in model.named_modules():
+        if isinstance(module, Experts):
+            replaced += _keep_expert_blocks(module, int(name.split(".")[1]), by_name)
     embedding = by_module["embed_tokens"]
     if embedding.tensor_type in GGUF_BLOCK_FORMATS and embedding.tensor_type not in SIXTEEN_BIT_KINDS.values():
         head = model.lm_head

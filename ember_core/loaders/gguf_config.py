@@ -7,8 +7,8 @@ from typing import Any
 import gguf
 
 from ember_core.loaders.gguf_tensors import ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, dequantize
-from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec
-from ember_core.models.family import GGUF_ARCHITECTURES, Family
+from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, MoEConfig
+from ember_core.models.family import FAMILIES, GGUF_ARCHITECTURES, Family
 from ember_core.models.rotary import Rope, RopeScaling
 
 _REQUIRED = object()
@@ -18,6 +18,8 @@ _REQUIRED = object()
 _WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6}
 _LOCAL_ROPE_BASE = {"gemma3": 10_000.0}
 _GELU_ARCHITECTURES = ("gemma2", "gemma3")
+# Where llama.cpp renormalises the top-k expert weights when the file has no expert_weights_norm.
+_NORMALIZED_TOP_K = ("llama", "qwen3moe")
 # llama.cpp scales Gemma's 27B queries by (hidden / heads)^-1/2, the others by head_dim^-1/2; it tells
 # them by their layer count.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -42,8 +44,8 @@ def gguf_family(reader: gguf.GGUFReader) -> tuple[str, Family]:
         raise ValueError(
             f"GGUF architecture {architecture!r} is not supported; ember loads {sorted(GGUF_ARCHITECTURES)} GGUF files"
         )
-    if metadata(reader, f"{architecture}.expert_count", 0):
-        raise ValueError(f"mixture-of-experts {architecture} GGUF files are not supported")
+    if architecture == "llama" and metadata(reader, "llama.expert_count", 0):
+        return architecture, FAMILIES["mixtral"]
     return architecture, GGUF_ARCHITECTURES[architecture]
 
 
@@ -67,10 +69,16 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
     )
     window = value("attention.sliding_window", None) or None  # Phi-3 files write 0 for none
     slides = _sliding_layers(reader, architecture, num_layers)
-    layers = tuple(LayerSpec(window if window and sliding else None, rope) for sliding in slides)
+    moe = _moe_config(reader, architecture, tensors)
+    sparse = [f"blk.{index}.ffn_gate_inp.weight" in tensors for index in range(num_layers)]
+    layers = tuple(
+        LayerSpec(window if window and sliding else None, rope, sparse_mlp) for sliding, sparse_mlp in zip(slides, sparse)
+    )
     if architecture in _LOCAL_ROPE_BASE:
         local = Rope(rope.head_dim, rope.rotary_dim, float(value("rope.freq_base_swa", _LOCAL_ROPE_BASE[architecture])))
-        layers = tuple(LayerSpec(layer.sliding_window, local if layer.sliding_window else rope) for layer in layers)
+        layers = tuple(
+            LayerSpec(layer.sliding_window, local if layer.sliding_window else rope, layer.sparse_mlp) for layer in layers
+        )
     scale = value("attention.scale", None)
     if scale is None and value("block_count") == _GEMMA_27B_LAYERS.get(architecture):
         scale = (hidden // num_heads) ** -0.5
@@ -95,6 +103,27 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         tie_word_embeddings="output.weight" not in tensors,
         bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
+        moe=moe,
+    )
+
+
+def _moe_config(reader: gguf.GGUFReader, architecture: str, tensors: dict) -> MoEConfig | None:
+    def value(key: str, default: Any = _REQUIRED) -> Any:
+        return metadata(reader, f"{architecture}.{key}", default)
+
+    num_experts = value("expert_count", 0)
+    if not num_experts:
+        return None
+    shared = value("expert_shared_feed_forward_length", None)
+    if shared is None:  # files written before the key: the shared expert's rows
+        shared_up = tensors.get("blk.0.ffn_up_shexp.weight")
+        shared = int(shared_up.shape[-1]) if shared_up is not None else 0
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=value("expert_used_count"),
+        expert_size=value("expert_feed_forward_length", None) or value("feed_forward_length"),
+        normalize_top_k=bool(value("expert_weights_norm", architecture in _NORMALIZED_TOP_K)),
+        shared_expert_size=shared,
     )
 
 

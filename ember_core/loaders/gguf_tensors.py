@@ -33,7 +33,13 @@ LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# A sparse layer's experts, stacked [experts, rows, columns]: each expert's gate, up, down projection.
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # RoPE tables, read into the config, not weights.
 ROPE_FREQS = "rope_freqs.weight"
 ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
@@ -53,6 +59,10 @@ def hf_name(gguf_name: str, family: Family) -> str:
             name = family.norm_name(NORM_TENSORS[tensor])
         elif tensor == "ffn_up":  # Phi-3's holds the gate's rows and the up projection's
             name = "mlp.gate_up_proj" if family.fused_checkpoint else "mlp.up_proj"
+        elif family.experts is not None and tensor == "ffn_gate_inp":
+            name = f"{family.experts.block}.gate"
+        elif family.experts is not None and tensor in EXPERT_TENSORS:
+            name = f"{family.experts.block}.experts.{family.experts.projections[EXPERT_TENSORS.index(tensor)]}"
         else:
             name = LAYER_NAMES.get(tensor)
     if name is None:
@@ -98,4 +108,11 @@ def iter_gguf_weights(
         if tensor.name in NOT_WEIGHTS:
             continue
         name = hf_name(tensor.name, config.family)
-        yield name, in_hf_row_order(name, dequantize(tensor), config).to(dtype)
+        values = in_hf_row_order(name, dequantize(tensor), config).to(dtype)
+        if ".experts." in name:  # one checkpoint tensor per expert, as Hugging Face stores them
+            for expert, expert_values in enumerate(values):
+                yield name.replace(".experts.", f".experts.{expert}."), expert_values
+        elif name.endswith("shared_expert_gate.weight"):  # llama.cpp stores its one row as a vector
+            yield name, values.reshape(1, -1)
+        else:
+            yield name, values

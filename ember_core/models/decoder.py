@@ -1,7 +1,8 @@
-"""One decoder for the Llama-like families (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2):
-RMSNorms where the family puts them, grouped-query attention over the paged KV cache with optional
-q/k norms, biases, partial rotary, sliding windows and soft-capped logits, and a gated MLP (SwiGLU or
-GeGLU). The families differ only in DecoderConfig's switches (models/family.py).
+"""One decoder for the Llama-like families (Llama, Mistral, Qwen 2/3, Gemma 2/3, Phi-3, OLMo 2, and the
+mixtures of experts Mixtral, Qwen2/3-MoE, OLMoE): RMSNorms where the family puts them, grouped-query
+attention over the paged KV cache with optional q/k norms, biases, partial rotary, sliding windows
+and soft-capped logits, and a gated MLP (SwiGLU or GeGLU) or a mixture of such MLPs (layers/moe.py).
+The families differ only in DecoderConfig's switches (models/family.py).
 
 q/k/v and gate/up run as one fused Linear each; load_weights fills them from the separate HF tensors.
 """
@@ -15,9 +16,10 @@ import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
-from ember_core.layers.activation import GATED_ACTIVATIONS
 from ember_core.layers.attention import ForwardMetadata, PagedAttention
 from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
+from ember_core.layers.mlp import MLP
+from ember_core.layers.moe import SparseMoE
 from ember_core.models.decoder_config import DecoderConfig, LayerSpec
 from ember_core.models.family import NORM_SLOTS
 from ember_core.models.norm import RMSNorm
@@ -61,17 +63,6 @@ class Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v, meta))
 
 
-class MLP(nn.Module):
-    def __init__(self, config: DecoderConfig) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.act_and_mul = GATED_ACTIVATIONS[config.activation]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: DecoderConfig, layer: LayerSpec) -> None:
         super().__init__()
@@ -81,7 +72,11 @@ class DecoderLayer(nn.Module):
             norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
             setattr(self, f"{slot}_norm", norm)
         self.self_attn = Attention(config, layer)
-        self.mlp = MLP(config)
+        self.mlp: MLP | SparseMoE
+        if layer.sparse_mlp:
+            self.mlp = SparseMoE(config.moe, config.hidden_size, config.activation)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.activation)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
@@ -101,11 +96,14 @@ class DecoderLayer(nn.Module):
     @functools.cached_property
     def fused_operands(self) -> tuple[tuple, tuple, tuple, tuple] | None:
         """(norms, weights, biases, formats) as decoder_layer_ takes them; None when a linear is one it
-        does not take. Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode
+        does not take; a mixture of experts' layer gives only the attention's linears. Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode
         step. The runner swaps the linears before the first step and loading copies into the same
         tensors, so they do not change afterwards."""
         attention, mlp = self.self_attn, self.mlp
-        operands = [kernel_operands(linear) for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        linears = [attention.qkv_proj, attention.o_proj]
+        if not isinstance(mlp, SparseMoE):  # the experts run after the call, from forward_fused_
+            linears += [mlp.gate_up_proj, mlp.down_proj]
+        operands = [kernel_operands(linear) for linear in linears]
         if any(operand is None for operand in operands):
             return None
         weights, biases, formats = zip(*operands)
@@ -124,6 +122,8 @@ class DecoderLayer(nn.Module):
             group.decode_context_lens, attention.num_heads, attention.scale, attention.softcap or 0.0,
             group.sliding_window or 0,
         )
+        if isinstance(self.mlp, SparseMoE):
+            hidden += _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))
         return hidden
 
 
@@ -167,26 +167,52 @@ class Decoder(nn.Module):
         if c.family.fused_checkpoint:
             return {}
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        return {
+        shards = {
             "self_attn.qkv_proj": [("self_attn.q_proj", q_rows), ("self_attn.k_proj", kv_rows), ("self_attn.v_proj", kv_rows)],
             "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)],
         }
+        if c.moe is not None and c.moe.shared_expert_size:
+            size = c.moe.shared_expert_size
+            shards["mlp.shared_expert.gate_up_proj"] = [("mlp.shared_expert.gate_proj", size), ("mlp.shared_expert.up_proj", size)]
+        return shards
 
     def hf_names(self) -> dict[str, str]:
-        """ember's parameter name -> the checkpoint's, where they differ by more than a fused shard: the norms."""
+        """ember's parameter name -> the checkpoint's, where they differ by more than a fused shard or
+        an expert's slice: the norms, and the router of a family whose sparse MLP is not `mlp`."""
         renames = {}
-        for index in range(self.config.num_layers):
+        experts = self.config.family.experts
+        for index, layer in enumerate(self.config.layers):
             for slot in NORM_SLOTS:
                 hf_name = self.config.family.norm_name(slot)
                 if hf_name is not None:
                     renames[f"layers.{index}.{slot}_norm.weight"] = f"layers.{index}.{hf_name}.weight"
+            if layer.sparse_mlp:
+                renames[f"layers.{index}.mlp.gate.weight"] = f"layers.{index}.{experts.block}.gate.weight"
         return renames
 
-    def _weight_slots(self) -> dict[str, tuple[torch.Tensor, slice]]:
+    def _expert_slots(self, name: str, param: torch.Tensor) -> dict[str, tuple[torch.Tensor, tuple]]:
+        """A layer's stacked experts' parameter -> each expert's checkpoint tensors in it (per expert,
+        as Hugging Face checkpoints store them): gate and up rows of gate_up_proj, down_proj whole."""
+        style, size = self.config.family.experts, self.config.moe.expert_size
+        prefix = f"{name.split('.mlp.')[0]}.{style.block}.experts"
+        gate, up, down = style.projections
+        slots = {}
+        for expert in range(param.shape[0]):
+            if name.endswith("gate_up_proj"):
+                slots[f"{prefix}.{expert}.{gate}.weight"] = (param, (expert, slice(0, size)))
+                slots[f"{prefix}.{expert}.{up}.weight"] = (param, (expert, slice(size, 2 * size)))
+            else:
+                slots[f"{prefix}.{expert}.{down}.weight"] = (param, (expert,))
+        return slots
+
+    def _weight_slots(self) -> dict[str, tuple[torch.Tensor, slice | tuple]]:
         """Every expected checkpoint tensor (HF name without `model.`) -> the parameter rows it fills."""
         fused_shards, renames = self.fused_shards(), self.hf_names()
-        slots: dict[str, tuple[torch.Tensor, slice]] = {}
+        slots: dict[str, tuple[torch.Tensor, slice | tuple]] = {}
         for name, param in self.named_parameters():
+            if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+                slots.update(self._expert_slots(name, param))
+                continue
             for fused, shards in fused_shards.items():
                 if f".{fused}." in name:
                     start = 0

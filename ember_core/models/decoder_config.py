@@ -26,6 +26,23 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 class LayerSpec:
     sliding_window: int | None  # None: the layer attends to every earlier position
     rope: Rope
+    sparse_mlp: bool = False  # the MLP is the config's mixture of experts
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: a router's softmax picks top_k of num_experts gated MLPs per token,
+    whose outputs add up weighted by their probabilities (renormalised over the top k or not)."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # each expert's intermediate size
+    normalize_top_k: bool
+    shared_expert_size: int = 0  # Qwen2-MoE: an MLP every token also runs, gated by a sigmoid; 0: none
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be between 1 and the {self.num_experts} experts, got {self.top_k}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,7 @@ class DecoderConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
+    moe: MoEConfig | None = None  # set when some layer has sparse_mlp
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -59,6 +77,8 @@ class DecoderConfig:
                 raise ValueError(f"layer {index} rotates heads of {layer.rope.head_dim} dims, not head_dim {self.head_dim}")
             if layer.sliding_window is not None and layer.sliding_window < 1:
                 raise ValueError(f"layer {index}: sliding_window must be >= 1, got {layer.sliding_window}")
+            if layer.sparse_mlp and self.moe is None:
+                raise ValueError(f"layer {index} has a mixture-of-experts MLP but the config describes no experts")
 
     @property
     def num_layers(self) -> int:
@@ -90,7 +110,11 @@ class DecoderConfig:
         eos = cfg.get("eos_token_id")
         layer_types = hf_layer_types(family, cfg)
         ropes = {kind: Rope.from_hf(cfg, kind) for kind in set(layer_types)}
-        window = cfg.get("sliding_window")
+        window = cfg.get("sliding_window") or None
+        moe = hf_moe_config(family, cfg)
+        sparse = hf_sparse_layers(cfg) if moe is not None else [False] * len(layer_types)
+        if cfg.get("clip_qkv") is not None:
+            raise ValueError(f"{family.name} checkpoints with clip_qkv are not supported (clip_qkv={cfg['clip_qkv']})")
         return cls(
             family=family,
             vocab_size=cfg["vocab_size"],
@@ -100,7 +124,10 @@ class DecoderConfig:
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             intermediate_size=cfg["intermediate_size"],
-            layers=tuple(LayerSpec(window if kind == SLIDING else None, ropes[kind]) for kind in layer_types),
+            layers=tuple(
+                LayerSpec(window if kind == SLIDING else None, ropes[kind], sparse_layer)
+                for kind, sparse_layer in zip(layer_types, sparse)
+            ),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             activation=ACTIVATIONS[activation],
             qkv_bias=attention_bias or family.attention_bias == "qkv",
@@ -112,13 +139,34 @@ class DecoderConfig:
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            moe=moe,
         )
+
+
+def hf_moe_config(family: Family, cfg: dict[str, Any]) -> MoEConfig | None:
+    if family.experts is None:
+        return None
+    num_experts = cfg.get("num_local_experts") or cfg["num_experts"]  # transformers 5 writes the first
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=cfg["num_experts_per_tok"],
+        expert_size=cfg[family.experts.expert_size_key],
+        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_size=cfg.get("shared_expert_intermediate_size") or 0,
+    )
+
+
+def hf_sparse_layers(cfg: dict[str, Any]) -> list[bool]:
+    """Which layers' MLPs are the experts, as Qwen-MoE's decoder_sparse_step and mlp_only_layers say
+    (every layer where the config has neither)."""
+    step, dense = cfg.get("decoder_sparse_step") or 1, set(cfg.get("mlp_only_layers") or ())
+    return [index not in dense and (index + 1) % step == 0 for index in range(cfg["num_hidden_layers"])]
 
 
 def hf_layer_types(family: Family, cfg: dict[str, Any]) -> list[str]:
     """SLIDING or FULL per layer: config.json's `layer_types`, else the family's rule for older configs."""
     num_layers = cfg["num_hidden_layers"]
-    if cfg.get("sliding_window") is None or family.window_layers == "none":
+    if not cfg.get("sliding_window") or family.window_layers == "none":
         return [FULL] * num_layers
     if family.window_layers == "all":  # Mistral's and Phi-3's attention ignore layer_types
         return [SLIDING] * num_layers

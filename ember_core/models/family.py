@@ -21,6 +21,16 @@ WindowLayers = Literal["none", "all", "from_max_window_layers", "pattern"]
 
 
 @dataclass(frozen=True)
+class ExpertStyle:
+    """How a mixture-of-experts family's checkpoints name and size the sparse MLP."""
+
+    block: str = "mlp"  # the MLP's name under model.layers.N (Mixtral: block_sparse_moe)
+    # Each expert's gate, up and down projections (Mixtral: w1, w3, w2), as experts.E.<name>.weight.
+    projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    expert_size_key: str = "moe_intermediate_size"  # an expert's intermediate size in config.json
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     # The checkpoint's name of each norm a layer has, by slot; a slot not listed has no norm.
@@ -50,6 +60,9 @@ class Family:
     config_defaults: tuple[tuple[str, Any], ...] = ()
     # Whether llama.cpp's converter interleaves q/k rows for its rope (the `llama` architecture).
     gguf_permuted_qk: bool = False
+    # Set for mixture-of-experts families: their MLPs (all, or as decoder_sparse_step and
+    # mlp_only_layers say) route each token to a few experts.
+    experts: ExpertStyle | None = None
 
     def norm_name(self, slot: NormSlot) -> str | None:
         return dict(self.norms).get(slot)
@@ -75,6 +88,7 @@ _GEMMA_DEFAULTS = (
     ("sliding_window", 4096), ("tie_word_embeddings", True),
 )
 _QWEN_DEFAULTS = (("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 28))
+_MIXTRAL_EXPERTS = ExpertStyle("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size")
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -96,12 +110,23 @@ FAMILIES: dict[str, Family] = {
         Family("phi3", _LLAMA_NORMS, fused_checkpoint=True, window_layers="all"),
         Family("olmo2", (("attn_out", "post_attention_layernorm"), ("mlp_out", "post_feedforward_layernorm")),
                qk_norm="projection"),
+        # Mixtral always renormalises its top-k weights; the others as norm_topk_prob says.
+        Family("mixtral", _LLAMA_NORMS, window_layers="all", gguf_permuted_qk=True, experts=_MIXTRAL_EXPERTS,
+               config_defaults=(("norm_topk_prob", True),)),
+        Family("qwen2_moe", _LLAMA_NORMS, attention_bias="qkv", window_layers="from_max_window_layers",
+               experts=ExpertStyle(), config_defaults=_QWEN_DEFAULTS),
+        Family("qwen3_moe", _LLAMA_NORMS, qk_norm="head", window_layers="from_max_window_layers",
+               experts=ExpertStyle(), config_defaults=(*_QWEN_DEFAULTS, ("head_dim", 128))),
+        Family("olmoe", _LLAMA_NORMS, qk_norm="projection", experts=ExpertStyle(expert_size_key="intermediate_size")),
     )
 }  # fmt: skip
 
-# llama.cpp's `general.architecture` -> family (Mistral's files say llama).
+# llama.cpp's `general.architecture` -> family (Mistral's files say llama; Mixtral's too, with experts).
 GGUF_ARCHITECTURES: dict[str, Family] = {
     "llama": FAMILIES["llama"],
+    "qwen2moe": FAMILIES["qwen2_moe"],
+    "qwen3moe": FAMILIES["qwen3_moe"],
+    "olmoe": FAMILIES["olmoe"],
     "qwen2": FAMILIES["qwen2"],
     "qwen3": FAMILIES["qwen3"],
     "gemma2": FAMILIES["gemma2"],

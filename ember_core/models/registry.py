@@ -17,7 +17,8 @@ SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES])
 SIZE_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
-    "sliding_window",
+    "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "decoder_sparse_step",
 )  # fmt: skip
 
 
@@ -27,6 +28,8 @@ def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
     for key in SIZE_KEYS:
         value = hf_config.get(key)
+        if key == "sliding_window" and value == 0:  # Qwen2-MoE's configs write 0 for no window
+            continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
     try:

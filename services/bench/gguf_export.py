@@ -12,6 +12,7 @@ sits in memory whole.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,12 @@ _UNUSED_SUFFIXES = (
     ".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq",
 )
 _CONV1D_WEIGHTS = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
-_UNQUANTIZED = (gguf.MODEL_TENSOR.POS_EMBD,)
+# convert_hf_to_gguf.py keeps these in F32 whatever the file type (the routers: they are small and
+# decide which experts run).
+_UNQUANTIZED = (gguf.MODEL_TENSOR.POS_EMBD, gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP)
+# A Hugging Face checkpoint's one expert's projection: convert_hf_to_gguf.py stacks the experts of a
+# layer into one [experts, rows, columns] tensor.
+_EXPERT_TENSOR = re.compile(r"(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight")
 
 
 @dataclass(frozen=True)
@@ -94,21 +100,54 @@ def plan_tensors(
         PlannedTensor(name, gguf.GGMLQuantizationType.F32, data.shape, lambda data=data: data)
         for name, data in family.extra_tensors(config)
     ]
-    for hf_name, (path, shape) in _checkpoint_tensors(model_dir).items():
+    # Dense MLPs between sparse ones (Qwen-MoE's mlp_only_layers) take llama's names, which the MoE
+    # architectures' maps lack.
+    dense_names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, num_layers)
+    experts: dict[str, list[tuple[int, Path, str]]] = {}
+    checkpoint = _checkpoint_tensors(model_dir)
+    for hf_name, (path, shape) in checkpoint.items():
         if hf_name.endswith(_UNUSED_SUFFIXES) or (tied and hf_name == "lm_head.weight"):
             continue
         if hf_name == "lm_head.weight" and family.output_must_be_tied:
             raise ValueError(f"{gguf.MODEL_ARCH_NAMES[family.arch]} GGUF files tie the output to token_embd, "
                              "but this checkpoint has its own lm_head.weight")
-        mapped = name_map.get_type_and_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if mapped is None:
-            arch = gguf.MODEL_ARCH_NAMES[family.arch]
-            raise ValueError(f"no GGUF tensor name for {hf_name!r} in architecture {arch}")
-        kind, name = mapped
+        if expert := _EXPERT_TENSOR.fullmatch(hf_name):
+            experts.setdefault(f"{expert[1]}.{expert[3]}.weight", []).append((int(expert[2]), path, hf_name))
+            continue
+        kind, name = _gguf_name(hf_name, name_map, dense_names, family)
         shape = tuple(transform(hf_name, torch.empty(shape, device="meta"), config, family).shape)
         qtype = _tensor_type(name, kind, shape, default_qtype)
         plan.append(PlannedTensor(name, qtype, shape, _loader(path, hf_name, config, family)))
+    for stacked_name, parts in experts.items():
+        parts.sort()
+        if [index for index, _, _ in parts] != list(range(len(parts))):
+            raise ValueError(f"{stacked_name}: the checkpoint's experts are not numbered 0 to {len(parts) - 1}")
+        kind, name = _gguf_name(stacked_name, name_map, dense_names, family)
+        shape = (len(parts), *checkpoint[parts[0][2]][1])
+        plan.append(PlannedTensor(name, _tensor_type(name, kind, shape, default_qtype), shape, _stacked_loader(parts)))
     return plan
+
+
+def _gguf_name(
+    hf_name: str, name_map: gguf.TensorNameMap, dense_names: gguf.TensorNameMap, family: GGUFFamily
+) -> tuple[gguf.MODEL_TENSOR, str]:
+    mapped = name_map.get_type_and_name(hf_name, try_suffixes=(".weight", ".bias"))
+    if mapped is None and ".mlp." in hf_name:
+        mapped = dense_names.get_type_and_name(hf_name, try_suffixes=(".weight", ".bias"))
+    if mapped is None:
+        raise ValueError(f"no GGUF tensor name for {hf_name!r} in architecture {gguf.MODEL_ARCH_NAMES[family.arch]}")
+    return mapped
+
+
+def _stacked_loader(parts: list[tuple[int, Path, str]]) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        values = []
+        for _, path, hf_name in parts:
+            with safe_open(path, framework="pt") as checkpoint:
+                values.append(checkpoint.get_tensor(hf_name).to(torch.float32))
+        return torch.stack(values).numpy()
+
+    return load
 
 
 def _tensor_type(

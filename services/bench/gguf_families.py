@@ -136,6 +136,29 @@ def _add_sliding_window(config: Config, writer: gguf.GGUFWriter, llama_cpp_perio
         writer.add_sliding_window_pattern(sliding)
 
 
+def _expert_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    """A mixture of experts' keys. expert_weights_norm is written for every architecture (llama.cpp
+    itself fixes it per architecture: renormalised for Mixtral and Qwen3-MoE, not for Qwen2-MoE and
+    OLMoE); ember reads it, so a checkpoint whose norm_topk_prob differs keeps its meaning."""
+    writer.add_expert_count(config.get("num_local_experts") or config["num_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    if config.get("moe_intermediate_size") is not None:
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config.get("shared_expert_intermediate_size"):
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", config.get("model_type") == "mixtral")))
+
+
+def _mixtral_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    _llama_hparams(config, writer)
+    _expert_hparams(config, writer)
+
+
+def _moe_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    _decoder_hparams(config, writer)
+    _expert_hparams(config, writer)
+
+
 def _gemma2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
     _decoder_hparams(config, writer)
     writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
@@ -221,6 +244,10 @@ FAMILIES: dict[str, GGUFFamily] = {
     "Qwen2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN2, _decoder_hparams),
     "Qwen3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN3, _decoder_hparams),
     "Olmo2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.OLMO2, _decoder_hparams),
+    "MixtralForCausalLM": GGUFFamily(gguf.MODEL_ARCH.LLAMA, _mixtral_hparams, permute_qk=True),
+    "Qwen2MoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN2MOE, _moe_hparams),
+    "Qwen3MoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN3MOE, _moe_hparams),
+    "OlmoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.OLMOE, _moe_hparams),
     "Gemma2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA2, _gemma2_hparams, norm_shift=1.0, output_must_be_tied=True),
     "Gemma3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA3, _gemma3_hparams, norm_shift=1.0),
     "Phi3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),

@@ -20,11 +20,12 @@ from ember_core.models.decoder import Decoder
 from tests.families import FAMILIES, token_prompts, write_checkpoint
 
 # What a GGUF file cannot say, so llama.cpp reads these otherwise: a window in the llama
-# architecture (Mistral), Qwen 2's sliding layers, a Gemma query scale other than head_dim^-1/2.
+# architecture (Mistral, Mixtral), Qwen 2's sliding layers, a Gemma query scale other than head_dim^-1/2.
 GGUF_OVERRIDES = {
     "mistral": dict(sliding_window=None),
     "qwen2": dict(use_sliding_window=False),
     "gemma2": dict(query_pre_attn_scalar=16),
+    "mixtral": dict(sliding_window=None),
 }
 PROMPT_LENGTHS = (3, 20, 70)
 MAX_TOKENS = 10
@@ -61,16 +62,17 @@ def test_an_f32_file_gives_transformers_greedy_tokens(files) -> None:
 
 def _with_weights_of(hf_model: transformers.PreTrainedModel, model: Decoder) -> transformers.PreTrainedModel:
     """hf_model holding the float32 values ember expanded from a file, in the checkpoint's layout."""
-    slots = model._weight_slots()
+    slots, params = model._weight_slots(), dict(model.named_parameters())
     offset = model.config.family.norm_weight_offset
     state = {}
     for name in hf_model.state_dict():
         key = name.removeprefix("model.")
-        if key not in slots:  # a tied head
-            continue
-        param, rows = slots[key]
-        value = param.detach()[rows]
-        state[name] = value - offset if key.endswith("norm.weight") else value
+        if key in slots:
+            param, rows = slots[key]
+            value = param.detach()[rows]
+            state[name] = value - offset if key.endswith("norm.weight") else value
+        elif key in params:  # transformers' stacked experts, in ember's layout
+            state[name] = params[key].detach()
     reference = type(hf_model)(hf_model.config).eval()
     reference.load_state_dict(state, strict=False)
     reference.tie_weights()
