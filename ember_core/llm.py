@@ -69,7 +69,7 @@ class LLM:
         return self.engine.tokenizer
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        return self.engine.stats(expert_load=True)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (e.g. between benchmark runs); running requests keep their blocks."""

@@ -127,6 +127,9 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     num_prefix_cache_hits: int = 0
     # Prompt tokens queued to compute (the scheduler's estimate), what the gateways route by.
     num_queued_prefill_tokens: int = 0
+    # A mixture of experts' load: per decoder layer, the tokens routed to each of its experts since the
+    # engine started ([] for a dense layer). Sent to a gateway at most once a second; [] in between.
+    expert_tokens: list[list[int]] = []
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

@@ -18,6 +18,7 @@ from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
+from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
@@ -157,8 +158,9 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._sequences) or bool(self._aborted)
 
-    def stats(self) -> EngineStats:
-        """The engine's counters as the wire carries them to the gateways' metrics."""
+    def stats(self, expert_load: bool = False) -> EngineStats:
+        """The engine's counters as the wire carries them to the gateways' metrics; with a mixture of
+        experts' load per layer when asked (larger: the worker sends it once a second)."""
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -168,7 +170,12 @@ class Engine:
             num_prefix_cache_queries=self.scheduler.num_prefix_queries,
             num_prefix_cache_hits=self.scheduler.num_prefix_hits,
             num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
+            expert_tokens=self.expert_load() if expert_load else [],
         )
+
+    def expert_load(self) -> list[list[int]]:
+        """A mixture of experts' tokens routed to each expert, per decoder layer ([] for a dense model)."""
+        return routed_tokens_by_layer(self.runner.model)
 
     def step(self) -> list[RequestDelta]:
         deltas, self._aborted = self._aborted, []

@@ -104,3 +104,12 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def routed_tokens_by_layer(model: nn.Module) -> list[list[int]]:
+    """Per decoder layer, the tokens routed to each of its experts so far ([] for a dense layer); [] for
+    a model without experts."""
+    layers = getattr(model, "layers", None)
+    if layers is None or not any(isinstance(layer.mlp, SparseMoE) for layer in layers):
+        return []
+    return [layer.mlp.routed_tokens.tolist() if isinstance(layer.mlp, SparseMoE) else [] for layer in layers]

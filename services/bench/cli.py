@@ -162,8 +162,10 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
         "make-model", help="a random-weight Hugging Face checkpoint of a model family, optionally also as GGUF files"
     )
     make_model.add_argument("--family", required=True,
-                            help="llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2 or gpt2")
-    make_model.add_argument("--preset", help="a benchmark shape instead of the tiny default, e.g. qwen2.5-0.5b")
+                            help="llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2, mixtral, qwen2_moe, "
+                                 "qwen3_moe, olmoe or gpt2")
+    make_model.add_argument("--preset", help="a benchmark shape instead of the tiny default: qwen2.5-0.5b, "
+                                             "qwen3-moe-bench or qwen3-dense-bench")
     make_model.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                             help="config values over the shape, VALUE as JSON: num_hidden_layers=4 sliding_window=8")
     make_model.add_argument("--seed", type=int, default=0)

@@ -24,6 +24,8 @@ _TINY_DECODER: dict[str, Any] = {
 }
 _TINY_WITH_HEAD_DIM = {**_TINY_DECODER, "head_dim": 16}  # configs whose head_dim default is not hidden / heads
 _TINY_GEMMA = {**_TINY_WITH_HEAD_DIM, "query_pre_attn_scalar": 16, "sliding_window": 16}  # llama.cpp scales by head_dim
+# 8 experts of 64 (the expert size where config.json names it intermediate_size), top-2.
+_TINY_MOE = {**_TINY_DECODER, "intermediate_size": 64, "num_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2}
 _SPM_SPECIALS = SpecialTokens(bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
 _GEMMA_SPECIALS = SpecialTokens(bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>", add_bos=True)
 _QWEN_SPECIALS = SpecialTokens(bos=None, eos="<|im_end|>", pad="<|endoftext|>")
@@ -59,11 +61,23 @@ RANDOM_FAMILIES: dict[str, RandomFamily] = {
                          {**_TINY_DECODER, "original_max_position_embeddings": 256}),
     "olmo2": RandomFamily("Olmo2ForCausalLM", "Olmo2Config", "gpt2",
                           SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>")),
+    "mixtral": RandomFamily("MixtralForCausalLM", "MixtralConfig", "sentencepiece", _SPM_SPECIALS, dict(_TINY_MOE)),
+    "qwen2_moe": RandomFamily("Qwen2MoeForCausalLM", "Qwen2MoeConfig", "qwen2", _QWEN_SPECIALS,
+                              {**_TINY_MOE, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128}),
+    "qwen3_moe": RandomFamily("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "qwen2", _QWEN_SPECIALS,
+                              {**_TINY_MOE, "head_dim": 16, "moe_intermediate_size": 64, "norm_topk_prob": True}),
+    "olmoe": RandomFamily("OlmoeForCausalLM", "OlmoeConfig", "gpt2",
+                          SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>"), dict(_TINY_MOE)),
     "gpt2": RandomFamily("GPT2LMHeadModel", "GPT2Config", "gpt2",
                          SpecialTokens(bos="<|endoftext|>", eos="<|endoftext|>"),
                          {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}),
 }
 
+_BENCH_QWEN3 = {
+    "vocab_size": 32768, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+    "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "tie_word_embeddings": True,
+}
 # name -> (family, config values): the shapes the benchmarks run
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2.5-0.5b": ("qwen2", {
@@ -72,6 +86,12 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "tie_word_embeddings": True,
     }),
+    # A Qwen3-MoE shape small enough for 2 cores (8 layers, 32 experts of 512, top-4: 0.5B parameters,
+    # 0.15B active), and the dense model of its active size: the same layers and attention with one
+    # MLP of 4 x 512.
+    "qwen3-moe-bench": ("qwen3_moe", {**_BENCH_QWEN3, "num_experts": 32, "num_experts_per_tok": 4,
+                                       "moe_intermediate_size": 512, "norm_topk_prob": True}),
+    "qwen3-dense-bench": ("qwen3", {**_BENCH_QWEN3, "intermediate_size": 2048}),
 }
 
 

@@ -26,6 +26,7 @@ from ember_proto import (
     PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
     Abort,
+    EngineStats,
     Generate,
     Heartbeat,
     Hello,
@@ -77,6 +78,7 @@ class EngineWorker:
         self.stopped = threading.Event()
         self.deadlines: list[tuple[float, str]] = []
         self.step_counter = 0
+        self.expert_load_sent: dict[bytes, float] = {}  # gateway -> when its stats last carried the experts' load
         self.draining_since: float | None = None
         self.drain_announced = False
         # KV events: the prefix cache's changes, batched per step, for the gateways' routing
@@ -229,7 +231,7 @@ class EngineWorker:
             by_gateway.setdefault(owner, []).append(delta)
         stats = self.engine.stats()
         for identity, outputs in by_gateway.items():
-            self._send(identity, StepOutputs(self.step_counter, outputs, stats))
+            self._send(identity, StepOutputs(self.step_counter, outputs, self._with_expert_load(identity, stats)))
         self._publish_kv_events()
 
     def _publish_kv_events(self) -> None:
@@ -256,14 +258,25 @@ class EngineWorker:
         for request_id, identity in in_flight.items():
             self._send(identity, Rejected(request_id, RejectCode.INTERNAL, message))
 
+    def _with_expert_load(self, identity: bytes, stats: EngineStats) -> EngineStats:
+        """stats, carrying a mixture of experts' load when this gateway last got it a heartbeat
+        interval ago or more (it can be thousands of numbers: not every step)."""
+        now = time.monotonic()
+        if now - self.expert_load_sent.get(identity, 0.0) < self.options.heartbeat_interval:
+            return stats
+        self.expert_load_sent[identity] = now
+        load = self.engine.expert_load()
+        return msgspec.structs.replace(stats, expert_tokens=load) if load else stats
+
     def _heartbeat(self) -> None:
         now = time.monotonic()
         # A copy: the other thread may add or drop gateways meanwhile.
         due = [g for g, sent in list(self.gateways.last_sent.items()) if now - sent >= self.options.heartbeat_interval]
         if due:
-            heartbeat = Heartbeat(self.engine_id, self.engine.stats(), draining=self.draining_since is not None)
+            stats = self.engine.stats()
             for identity in due:
-                self._send(identity, heartbeat)
+                draining = self.draining_since is not None
+                self._send(identity, Heartbeat(self.engine_id, self._with_expert_load(identity, stats), draining=draining))
 
     def _announce_drain(self) -> None:
         """Tells every gateway at once that no new request may come here, so they route elsewhere
@@ -279,6 +292,7 @@ class EngineWorker:
             lost, self.lost_gateways = self.lost_gateways, set()
         for identity in lost:
             self.gateways.last_sent.pop(identity, None)
+            self.expert_load_sent.pop(identity, None)
             orphans = [r for r, owner in self.gateways.owner_of.items() if owner == identity]
             for request_id in orphans:
                 del self.gateways.owner_of[request_id]

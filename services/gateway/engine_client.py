@@ -215,6 +215,8 @@ class EngineClient:
             self._link.send(KvSync())
 
     def _set_stats(self, stats: EngineStats) -> None:
+        if not stats.expert_tokens and self.stats is not None:  # sent once a second: keep the last
+            stats = msgspec.structs.replace(stats, expert_tokens=self.stats.expert_tokens)
         self.stats = stats
         self.sent_since_stats = 0
         self.tokens_sent_since_stats = 0

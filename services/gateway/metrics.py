@@ -71,7 +71,19 @@ class _PoolCollector(Collector):
             "ember_request_migrations", "Engine requests moved off a lost, draining or refusing engine to another."
         )
         migrations.add_metric([], self._pool.migrations)
-        yield from (running, waiting, queued_tokens, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations)
+        expert_tokens = CounterMetricFamily(
+            "ember_moe_expert_tokens",
+            "Tokens a mixture-of-experts model routed to each expert of each layer (sent once a second).",
+            labels=[*labels, "layer", "expert"],
+        )
+        for engine in self._pool.snapshots():
+            for layer, counts in enumerate(engine.stats.expert_tokens):
+                for expert, count in enumerate(counts):
+                    expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
+        yield from (
+            running, waiting, queued_tokens, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations,
+            expert_tokens,
+        )
 
 
 class GatewayMetrics:
