@@ -14,8 +14,13 @@
 #include <vector>
 
 #include "ops.h"
+#include "parallel_tiles.h"
 
 namespace {
+
+// From this many selected experts a thread, each runs whole on one thread; with fewer (a step of
+// a few tokens), each expert's linears are split across the threads.
+constexpr int64_t kExpertsPerThreadToSplit = 4;
 
 void check_inputs(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& expert_weights,
                   const at::Tensor& gate_up, const at::Tensor& down) {
@@ -67,15 +72,32 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const 
     slot_data[at] = i;
   }
   const at::Tensor weights = expert_weights.reshape({-1});
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t count = starts[e + 1] - starts[e];
-    if (count == 0) continue;
-    const at::Tensor expert_rows = rows.narrow(0, starts[e], count);
-    const at::Tensor gate_up_out = linear(x.index_select(0, expert_rows), gate_up[e], std::nullopt, gate_up_format);
+  std::vector<int64_t> used;
+  for (int64_t e = 0; e < experts; ++e)
+    if (starts[e + 1] > starts[e]) used.push_back(e);
+  std::vector<at::Tensor> outputs(used.size());
+  const auto run_expert = [&](int64_t index) {
+    const int64_t e = used[index], count = starts[e + 1] - starts[e];
+    const at::Tensor gate_up_out =
+        linear(x.index_select(0, rows.narrow(0, starts[e], count)), gate_up[e], std::nullopt, gate_up_format);
     const at::Tensor activated = gelu ? gelu_tanh_and_mul(gate_up_out) : silu_and_mul(gate_up_out);
-    at::Tensor y = linear(activated, down[e], std::nullopt, down_format);
-    y.mul_(weights.index_select(0, slots.narrow(0, starts[e], count)).unsqueeze(1));
-    out.index_add_(0, expert_rows, y);
+    outputs[index] = linear(activated, down[e], std::nullopt, down_format);
+    outputs[index].mul_(weights.index_select(0, slots.narrow(0, starts[e], count)).unsqueeze(1));
+  };
+  const int64_t used_count = static_cast<int64_t>(used.size());
+  if (used_count >= kExpertsPerThreadToSplit * at::get_num_threads()) {
+    // Whole experts per thread, the next one to whichever is free: their linears run serially
+    // inside (ATen runs a parallel_for nested in another inline). A step of many experts with a
+    // few tokens each then pays no hand-off between threads for each of its ~2 linears an expert.
+    parallel_over_tiles(used_count, [] { return 0; }, [&](int, int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) run_expert(index);
+    }, /* per_take = */ 1);
+  } else {
+    for (int64_t index = 0; index < used_count; ++index) run_expert(index);  // each linear split across threads
+  }
+  for (int64_t index = 0; index < used_count; ++index) {  // ascending experts: every token's sum in one order
+    const int64_t e = used[index];
+    out.index_add_(0, rows.narrow(0, starts[e], starts[e + 1] - starts[e]), outputs[index]);
   }
   return out;
 }

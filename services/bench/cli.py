@@ -191,6 +191,19 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     families.set_defaults(bench_handler=_families)
     add_log_level_argument(families, default=argparse.SUPPRESS)
 
+    moe = commands.add_parser(
+        "moe", help="a mixture of experts' decode step against the dense model of its active size (random GGUF models)"
+    )
+    moe.add_argument("--type", default="Q8_0", metavar="TYPE", help="the GGUF type the models are written in")
+    moe.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    moe.add_argument("--batches", default="1,16", metavar="B1,B2,...", help="sequences decoding together")
+    moe.add_argument("--prompt-len", type=int, default=128, help="each sequence's context before decoding")
+    moe.add_argument("--steps", type=int, default=16, help="decode steps timed per round")
+    moe.add_argument("--rounds", type=int, default=3, help="both models once per round, alternating which goes first")
+    moe.add_argument("--output-json", metavar="PATH")
+    moe.set_defaults(bench_handler=_moe)
+    add_log_level_argument(moe, default=argparse.SUPPRESS)
+
     export = commands.add_parser("export-gguf", help="write a Hugging Face checkpoint directory as a GGUF file")
     export.add_argument("model_dir", metavar="DIR")
     export.add_argument("--out", required=True, metavar="FILE")
@@ -431,6 +444,33 @@ def _families(args: argparse.Namespace) -> int:
         write_json(args.output_json, {
             "benchmark": "families", "timestamp": _now(), "config": {**options, "shape": SHAPE},
             "environment": environment(), "steps": [dataclasses.asdict(step) for step in steps],
+        })
+    return 0
+
+
+def _moe(args: argparse.Namespace) -> int:
+    from ember_bench.moe_steps import DENSE_PRESET, MOE_PRESET, run_moe_steps
+    from ember_bench.offline import environment
+    from ember_bench.report import write_json
+    from ember_core.device import resolve_device
+    from ember_core.runner.dtype_probe import dtype_for_model
+
+    device = resolve_device("cpu")
+    print(f"{MOE_PRESET} against {DENSE_PRESET}: decode steps after {args.prompt_len}-token prompts, {args.type} GGUF, "
+          f"{args.dtype}, {args.rounds} rounds", file=sys.stderr)
+    print("| batch | MoE step ms | dense step ms | x dense | experts a layer ran | experts' MB read a step | "
+          "all experts' MB | top-k floor MB |\n|---|---|---|---|---|---|---|---|")
+    steps = []
+    for step in run_moe_steps(args.type, dtype_for_model(args.dtype, device), args.dtype, _ints(args.batches, "--batches"),
+                              args.prompt_len, args.steps, args.rounds, device):
+        steps.append(step)
+        print(f"| {step.batch} | {step.moe_ms:.1f} | {step.dense_ms:.1f} | {step.ratio:.2f} | {step.experts_per_layer:.1f} | "
+              f"{step.expert_mb_read:.0f} | {step.all_experts_mb:.0f} | {step.top_k_floor_mb:.0f} |", flush=True)
+    if args.output_json:
+        options = {name: value for name, value in vars(args).items() if not callable(value)}
+        write_json(args.output_json, {
+            "benchmark": "moe", "timestamp": _now(), "config": options, "environment": environment(),
+            "steps": [{**dataclasses.asdict(step), "ratio": step.ratio} for step in steps],
         })
     return 0
 

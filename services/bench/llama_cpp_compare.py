@@ -10,7 +10,8 @@ files and the server logs; with --llama-server PATH --llama-quantize PATH nothin
 ember expands a quantized file's blocks to float32 or bfloat16 as it computes; llama.cpp would
 multiply them by activations quantized to 8 bits. So that both do the same arithmetic, llama-server
 serves the file expanded by `llama-quantize --allow-requantize FILE OUT F32` (or BF16): the same
-quantized values, stored in the dtype ember computes in.
+quantized values, stored in the dtype ember computes in. `--llama-weights stored` gives llama-server
+the file itself instead, run by its own quantized kernels (what its users run).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class CompareConfig:
     input_len: int = 200
     output_len: int = 150
     concurrency: int = 16
+    llama_weights: str = "expanded"  # or "stored": llama-server serves the file as it is
 
     @property
     def llama_context(self) -> int:
@@ -84,7 +86,11 @@ def server_order(round_number: int) -> tuple[str, str]:
 
 
 def run_compare(config: CompareConfig, llama: LlamaCpp, work_dir: Path) -> Iterator[CompareRun]:
-    expanded = {dtype: expand_gguf(llama.quantize, config.model, FILE_TYPES[dtype], work_dir) for dtype in config.dtypes}
+    expanded = {
+        dtype: expand_gguf(llama.quantize, config.model, FILE_TYPES[dtype], work_dir)
+        if config.llama_weights == "expanded" else config.model
+        for dtype in config.dtypes
+    }
     requests = config.requests()
     for round_number in range(1, config.rounds + 1):
         for dtype in config.dtypes:
@@ -195,7 +201,7 @@ def header(config: CompareConfig, llama_version: str) -> str:
         f"{config.num_prompts} prompts of {config.input_len} random words -> {config.output_len} tokens "
         f"(ignore_eos), concurrency {config.concurrency}; rounds: {config.rounds}, alternating which server runs first\n"
         f"ember serve --dtype D  vs  llama-server {' '.join(config.llama_server_args)} "
-        f"on the file expanded to D (llama.cpp {llama_version})"
+        f"on the file {'expanded to D' if config.llama_weights == 'expanded' else 'as stored'} (llama.cpp {llama_version})"
     )
 
 
@@ -239,6 +245,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="requests in flight, and llama-server's slots (-np)")
     parser.add_argument("--threads", type=_positive_int, default=len(os.sched_getaffinity(0)),
                         help="llama-server's -t (default: the CPUs this process may run on, as ember serve uses)")
+    parser.add_argument("--llama-weights", choices=["expanded", "stored"], default=CompareConfig.llama_weights,
+                        help="llama-server serves the file expanded to each dtype (the same arithmetic as ember; "
+                             "default) or as stored (its own quantized kernels)")
     parser.add_argument("--output-json", type=Path, metavar="PATH", help="write the configuration and every number here")
     args = parser.parse_args(argv)
     if args.llama_cpp_dir is None and (args.llama_server is None or args.llama_quantize is None):
@@ -254,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     config = CompareConfig(
         model=args.model or _default_model(), dtypes=args.dtypes, rounds=args.rounds, num_prompts=args.num_prompts,
         input_len=args.input_len, output_len=args.output_len, concurrency=args.concurrency, threads=args.threads,
+        llama_weights=args.llama_weights,
     )
     with tempfile.TemporaryDirectory() as scratch:
         work_dir = args.llama_cpp_dir or Path(scratch)
