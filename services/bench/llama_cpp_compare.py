@@ -69,7 +69,7 @@ class CompareConfig:
 @dataclass(frozen=True)
 class LlamaCpp:
     server: Path
-    quantize: Path
+    quantize: Path | None  # needed to expand the file
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,15 @@ def server_order(round_number: int) -> tuple[str, str]:
     return (EMBER, LLAMA) if round_number % 2 else (LLAMA, EMBER)
 
 
+def llama_server_files(config: CompareConfig, quantize: Path | None, work_dir: Path) -> dict[str, Path]:
+    """dtype -> the file llama-server serves: the model expanded to that dtype, or the model itself."""
+    if config.llama_weights == "stored":
+        return {dtype: config.model for dtype in config.dtypes}
+    return {dtype: expand_gguf(quantize, config.model, FILE_TYPES[dtype], work_dir) for dtype in config.dtypes}
+
+
 def run_compare(config: CompareConfig, llama: LlamaCpp, work_dir: Path) -> Iterator[CompareRun]:
-    expanded = {
-        dtype: expand_gguf(llama.quantize, config.model, FILE_TYPES[dtype], work_dir)
-        if config.llama_weights == "expanded" else config.model
-        for dtype in config.dtypes
-    }
+    expanded = llama_server_files(config, llama.quantize, work_dir)
     requests = config.requests()
     for round_number in range(1, config.rounds + 1):
         for dtype in config.dtypes:
@@ -250,8 +253,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "default) or as stored (its own quantized kernels)")
     parser.add_argument("--output-json", type=Path, metavar="PATH", help="write the configuration and every number here")
     args = parser.parse_args(argv)
-    if args.llama_cpp_dir is None and (args.llama_server is None or args.llama_quantize is None):
-        parser.error("give --llama-cpp-dir, or both --llama-server and --llama-quantize")
+    needs_quantize = args.llama_weights == "expanded"
+    if args.llama_cpp_dir is None and (args.llama_server is None or (needs_quantize and args.llama_quantize is None)):
+        parser.error("give --llama-cpp-dir, or --llama-server and (to expand the file) --llama-quantize")
     return args
 
 
@@ -291,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _llama_cpp(args: argparse.Namespace, work_dir: Path) -> LlamaCpp:
     """The binaries given, the others from the build in --llama-cpp-dir."""
-    if args.llama_server and args.llama_quantize:
+    if args.llama_server and (args.llama_quantize or args.llama_weights == "stored"):
         return LlamaCpp(args.llama_server, args.llama_quantize)
     bin_dir = build_llama_cpp(work_dir)
     return LlamaCpp(args.llama_server or bin_dir / "llama-server", args.llama_quantize or bin_dir / "llama-quantize")

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,12 +41,12 @@ class MoEStep:
         return self.moe_ms / self.dense_ms
 
 
-def preset_gguf(preset: str, out_dir: Path, file_type: str) -> Path:
+def preset_gguf(preset: str, out_dir: Path, file_type: str, overrides: dict[str, Any]) -> Path:
     from ember_bench.gguf_export import export_gguf
     from ember_bench.random_models import PRESETS, random_checkpoint
 
     family, _ = PRESETS[preset]
-    model_dir = random_checkpoint(family, out_dir / preset, preset=preset)
+    model_dir = random_checkpoint(family, out_dir / preset, preset=preset, **overrides)
     return export_gguf(model_dir, out_dir / f"{preset}-{file_type}.gguf", file_type)
 
 
@@ -63,7 +64,7 @@ class ExpertCounter:
 
     def bytes_per_expert(self) -> int:
         experts = self.modules[0]
-        return (experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes)
+        return experts.gate_up_proj[0].nbytes + experts.down_proj[0].nbytes
 
     def close(self) -> None:
         for handle in self.handles:
@@ -76,11 +77,12 @@ def _timed(loaded: LoadedModel, name: str, dtype: str, batch: int, prompt_len: i
 
 def run_moe_steps(
     file_type: str, load_dtype: DtypeChoice, dtype: str, batches: list[int], prompt_len: int, steps: int, rounds: int,
-    device: torch.device,
+    device: torch.device, overrides: dict[str, Any] | None = None,
 ) -> Iterator[MoEStep]:
+    """overrides: config values over both presets (the tests' smaller shapes)."""
     with tempfile.TemporaryDirectory(prefix="ember-moe-") as scratch:
-        moe = load_model(str(preset_gguf(MOE_PRESET, Path(scratch), file_type)), device, load_dtype)
-        dense = load_model(str(preset_gguf(DENSE_PRESET, Path(scratch), file_type)), device, load_dtype)
+        moe = load_model(str(preset_gguf(MOE_PRESET, Path(scratch), file_type, overrides or {})), device, load_dtype)
+        dense = load_model(str(preset_gguf(DENSE_PRESET, Path(scratch), file_type, overrides or {})), device, load_dtype)
         moe_config = moe.model.config.moe
         for batch in batches:
             timings: dict[str, list[float]] = {"moe": [], "dense": []}

@@ -16,6 +16,8 @@ from ember_bench.llama_cpp_compare import (
     compare_table,
     cpu_name,
     expand_gguf,
+    header,
+    llama_server_files,
     parse_args,
     server_order,
     throughput_ratio,
@@ -44,9 +46,19 @@ def test_defaults_and_the_binaries_or_a_build_dir() -> None:
     assert binaries.llama_cpp_dir is None and binaries.dtypes == ("bfloat16",) and binaries.threads == 4
 
 
+def test_a_stored_file_needs_no_llama_quantize_and_is_served_as_it_is(tmp_path: Path) -> None:
+    assert parse_args(["--llama-cpp-dir", "d"]).llama_weights == "expanded"
+    args = parse_args(["--llama-server", "s", "--llama-weights", "stored"])
+    assert args.llama_quantize is None and args.llama_weights == "stored"
+    config = CompareConfig(model=Path("moe.gguf"), threads=2, llama_weights="stored")
+    assert llama_server_files(config, None, tmp_path) == {"float32": Path("moe.gguf"), "bfloat16": Path("moe.gguf")}
+    assert "on the file as stored" in header(config, "version: 1")
+
+
 @pytest.mark.parametrize("argv", [
     [],
     ["--llama-server", "s"],
+    ["--llama-server", "s", "--llama-weights", "original"],
     ["--llama-cpp-dir", "d", "--dtypes", "float16"],
     ["--llama-cpp-dir", "d", "--rounds", "0"],
 ])
