@@ -78,6 +78,7 @@ class Experts(nn.Module):
 class SparseMoE(nn.Module):
     def __init__(self, moe: MoEConfig, hidden_size: int, activation: str) -> None:
         super().__init__()
+        self.config, self.hidden_size = moe, hidden_size
         self.top_k, self.normalize_top_k = moe.top_k, moe.normalize_top_k
         self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)  # the router
         self.experts = Experts(moe.num_experts, hidden_size, moe.expert_size, activation)

@@ -90,7 +90,7 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor], only_layer: in
 
     The model must already hold the dequantized weights: a module with a tensor in another format
     (such as IQ3_S or F32) keeps them; 16-bit ones are keep_16_bit_weights' job. only_layer: just
-    that decoder layer's Linears, on a model built without weights (the dtype probe's).
+    that decoder layer's Linears and experts, on a model built without weights (the dtype probe's).
     """
     by_module = {
         hf_name(t.name, model.config.family).removeprefix("model.").removesuffix(".weight"): t
@@ -108,12 +108,13 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor], only_layer: in
         parent_name, _, attribute = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attribute, block_linear)
         replaced += 1
-    if only_layer is not None:
-        return replaced
     by_name = {t.name: t for t in tensors}
     for name, module in model.named_modules():
-        if isinstance(module, Experts):
-            replaced += _keep_expert_blocks(module, int(name.split(".")[1]), by_name)
+        layer = int(name.split(".")[1]) if isinstance(module, Experts) else None
+        if layer is not None and only_layer in (None, layer):
+            replaced += _keep_expert_blocks(module, layer, by_name)
+    if only_layer is not None:
+        return replaced
     embedding = by_module["embed_tokens"]
     if embedding.tensor_type in GGUF_BLOCK_FORMATS and embedding.tensor_type not in SIXTEEN_BIT_KINDS.values():
         head = model.lm_head

@@ -459,13 +459,13 @@ def _moe(args: argparse.Namespace) -> int:
     print(f"{MOE_PRESET} against {DENSE_PRESET}: decode steps after {args.prompt_len}-token prompts, {args.type} GGUF, "
           f"{args.dtype}, {args.rounds} rounds", file=sys.stderr)
     print("| batch | MoE step ms | dense step ms | x dense | experts a layer ran | experts' MB read a step | "
-          "all experts' MB | top-k floor MB |\n|---|---|---|---|---|---|---|---|")
+          "all experts' MB | per-token MB |\n|---|---|---|---|---|---|---|---|")
     steps = []
     for step in run_moe_steps(args.type, dtype_for_model(args.dtype, device), args.dtype, _ints(args.batches, "--batches"),
                               args.prompt_len, args.steps, args.rounds, device):
         steps.append(step)
         print(f"| {step.batch} | {step.moe_ms:.1f} | {step.dense_ms:.1f} | {step.ratio:.2f} | {step.experts_per_layer:.1f} | "
-              f"{step.expert_mb_read:.0f} | {step.all_experts_mb:.0f} | {step.top_k_floor_mb:.0f} |", flush=True)
+              f"{step.expert_mb_read:.0f} | {step.all_experts_mb:.0f} | {step.per_token_mb:.0f} |", flush=True)
     if args.output_json:
         options = {name: value for name, value in vars(args).items() if not callable(value)}
         write_json(args.output_json, {

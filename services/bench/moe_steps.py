@@ -4,7 +4,9 @@ Two random checkpoints of the same layers and attention (ember_bench.random_mode
 qwen3-moe-bench and qwen3-dense-bench: 8 layers, hidden 1024; 32 experts of 512, top-4, against one
 MLP of 4 x 512), written as GGUF files of one type and run by the in-process engine. At each batch
 size both decode steps are timed in interleaved rounds, and the experts each sparse layer ran are
-counted: what a step reads of the experts' weights against all of them and against the top-k floor.
+counted. The kernel reads each selected expert once a step, the least this routing allows (a test
+poisons the unselected ones); against it, all experts' weights (running every expert) and the
+per-token reads (each token's top-k experts read for it alone, batch x top_k a layer).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ class MoEStep:
     moe_ms: float  # median over the rounds' medians
     dense_ms: float
     experts_per_layer: float  # distinct experts a sparse layer ran, per decode step (mean)
-    expert_mb_read: float  # the experts' weights a decode step read, MB
+    expert_mb_read: float  # the experts' weights a decode step read, MB: each selected expert once
     all_experts_mb: float  # every expert of every sparse layer, MB
-    top_k_floor_mb: float  # min(batch x top_k, experts) experts per layer: the least a step can read, MB
+    per_token_mb: float  # batch x top_k experts a layer: each token's experts read for it alone, MB
 
     @property
     def ratio(self) -> float:
@@ -106,5 +108,5 @@ def run_moe_steps(
                 experts_per_layer=per_layer,
                 expert_mb_read=per_layer * per_expert_mb * sparse_layers,
                 all_experts_mb=moe_config.num_experts * per_expert_mb * sparse_layers,
-                top_k_floor_mb=min(batch * moe_config.top_k, moe_config.num_experts) * per_expert_mb * sparse_layers,
+                per_token_mb=batch * moe_config.top_k * per_expert_mb * sparse_layers,
             )

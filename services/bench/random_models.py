@@ -86,8 +86,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "tie_word_embeddings": True,
     }),
-    # A Qwen3-MoE shape small enough for 2 cores (8 layers, 32 experts of 512, top-4: 0.5B parameters,
-    # 0.15B active), and the dense model of its active size: the same layers and attention with one
+    # A Qwen3-MoE shape small enough for 2 cores (8 layers, 32 experts of 512, top-4: 0.46B parameters,
+    # 0.10B active), and the dense model of its active size: the same layers and attention with one
     # MLP of 4 x 512.
     "qwen3-moe-bench": ("qwen3_moe", {**_BENCH_QWEN3, "num_experts": 32, "num_experts_per_tok": 4,
                                        "moe_intermediate_size": 512, "norm_topk_prob": True}),

@@ -27,5 +27,5 @@ def test_moe_and_dense_steps_and_the_experts_read() -> None:
         assert 2 <= step.experts_per_layer <= min(2 * step.batch, 8)
         assert step.expert_mb_read == pytest.approx(step.experts_per_layer * per_expert_mb)
         assert step.all_experts_mb == pytest.approx(8 * per_expert_mb)
-        assert step.top_k_floor_mb == pytest.approx(min(2 * step.batch, 8) * per_expert_mb)
+        assert step.per_token_mb == pytest.approx(2 * step.batch * per_expert_mb)
     assert steps[0].experts_per_layer == 2  # one token: exactly its top 2

@@ -76,3 +76,27 @@ def test_a_gguf_model_is_probed_on_its_own_blocks(monkeypatch: pytest.MonkeyPatc
         assert len(probed[0]) == 4 and kinds and kinds <= {"Q4_1", "Q8_0"}
         # the probe runs them for real: bfloat16 and float32 activations through the blocks
         assert time_for_real(probed[0], torch.bfloat16) > 0 and time_for_real(probed[0], torch.float32) > 0
+
+
+def test_a_mixture_of_experts_layer_is_probed_whole_on_its_own_blocks(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Qwen3-MoE GGUF file: the probe runs the first layer's experts from the file's Q8_0 blocks,
+    behind a router, in both dtypes."""
+    from ember_bench.gguf_export import export_gguf
+    from ember_core.layers.moe import SparseMoE
+    from tests.families import write_checkpoint
+
+    write_checkpoint("qwen3_moe", tmp_path, decoder_sparse_step=1)
+    path = export_gguf(tmp_path, tmp_path / "moe.gguf", "Q8_0")
+    probed: list[list[torch.nn.Module]] = []
+    time_for_real = dtype_probe._seconds_per_pass
+
+    def seconds(linears: list[torch.nn.Module], dtype: torch.dtype) -> float:
+        probed.append(linears)
+        return time_for_real(linears, dtype)
+
+    monkeypatch.setattr(dtype_probe, "_seconds_per_pass", seconds)
+    load_model(str(path), CPU, dtype_probe.faster_cpu_dtype)
+    assert len(probed) == 2  # timed for real in float32 and in bfloat16
+    (moe,) = [module for module in probed[0] if isinstance(module, SparseMoE)]
+    if cpu_ops.is_available():
+        assert moe.experts.gate_up_format != -1  # the file's blocks, not dense stand-ins
