@@ -66,8 +66,10 @@ RANDOM_FAMILIES: dict[str, RandomFamily] = {
                               {**_TINY_MOE, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128}),
     "qwen3_moe": RandomFamily("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "qwen2", _QWEN_SPECIALS,
                               {**_TINY_MOE, "head_dim": 16, "moe_intermediate_size": 64, "norm_topk_prob": True}),
+    # As OLMoE's own: as many KV heads as query heads (llama.cpp sizes the k norm by the hidden size).
     "olmoe": RandomFamily("OlmoeForCausalLM", "OlmoeConfig", "gpt2",
-                          SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>"), dict(_TINY_MOE)),
+                          SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>"),
+                          {**_TINY_MOE, "num_key_value_heads": 4}),
     "gpt2": RandomFamily("GPT2LMHeadModel", "GPT2Config", "gpt2",
                          SpecialTokens(bos="<|endoftext|>", eos="<|endoftext|>"),
                          {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}),
