@@ -56,7 +56,8 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     ),
     "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, {}),
     # The mixtures of experts: 6-8 experts, top-2, with and without renormalised weights; Qwen2-MoE's
-    # shared expert and a dense layer (mlp_only_layers), Qwen3-MoE's dense layers between sparse ones.
+    # shared expert and a dense layer (mlp_only_layers), Qwen3-MoE's dense layers between sparse ones
+    # (and its window, which every layer takes).
     "mixtral": (
         transformers.MixtralConfig, transformers.MixtralForCausalLM,
         dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, sliding_window=WINDOW),
@@ -69,7 +70,7 @@ FAMILIES: dict[str, tuple[type, type, dict[str, Any]]] = {
     "qwen3_moe": (
         transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2, head_dim=24,
-             norm_topk_prob=True),
+             norm_topk_prob=True, use_sliding_window=True, sliding_window=WINDOW),
     ),
     "olmoe": (
         transformers.OlmoeConfig, transformers.OlmoeForCausalLM,

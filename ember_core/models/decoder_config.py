@@ -130,7 +130,7 @@ class DecoderConfig:
             ),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             activation=ACTIVATIONS[activation],
-            qkv_bias=attention_bias or family.attention_bias == "qkv",
+            qkv_bias=attention_bias or (family.attention_bias == "qkv" and cfg.get("qkv_bias", True)),
             o_bias=attention_bias and family.attention_bias == "config",
             mlp_bias=family.reads_mlp_bias and bool(cfg.get("mlp_bias", False)),
             query_scale=cfg["query_pre_attn_scalar"] ** -0.5 if family.query_pre_attn_scalar else None,
@@ -170,8 +170,10 @@ def hf_layer_types(family: Family, cfg: dict[str, Any]) -> list[str]:
         return [FULL] * num_layers
     if family.window_layers == "all":  # Mistral's and Phi-3's attention ignore layer_types
         return [SLIDING] * num_layers
-    if family.window_layers == "from_max_window_layers" and not cfg.get("use_sliding_window"):
+    if family.window_layers in ("from_max_window_layers", "all_when_used") and not cfg.get("use_sliding_window"):
         return [FULL] * num_layers
+    if family.window_layers == "all_when_used":
+        return [SLIDING] * num_layers
     if cfg.get("layer_types") is not None:
         layer_types = list(cfg["layer_types"])
         if len(layer_types) != num_layers or not set(layer_types) <= {SLIDING, FULL}:

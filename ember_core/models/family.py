@@ -16,8 +16,9 @@ NormSlot = Literal["attn_in", "attn_out", "mlp_in", "mlp_out"]
 NORM_SLOTS: tuple[NormSlot, ...] = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 # Which layers slide when config.json has no `layer_types` (configs written before transformers 4.5x):
 # none; all of them when `sliding_window` is set; Qwen's layers from `max_window_layers` on when
-# `use_sliding_window`; all but every `sliding_window_pattern`-th (Gemma 2: 2, Gemma 3: 6).
-WindowLayers = Literal["none", "all", "from_max_window_layers", "pattern"]
+# `use_sliding_window`; all of them when `use_sliding_window` (Qwen3-MoE, whose attention ignores
+# max_window_layers); all but every `sliding_window_pattern`-th (Gemma 2: 2, Gemma 3: 6).
+WindowLayers = Literal["none", "all", "from_max_window_layers", "all_when_used", "pattern"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class Family:
     # q and k RMSNorms after their projections: over each head (Qwen 3, Gemma 3), or over the whole
     # projection (OLMo 2).
     qk_norm: Literal["none", "head", "projection"] = "none"
-    # "config": q, k, v and o take config.json's attention_bias; "qkv": q, k and v always carry a
-    # bias and o never does (Qwen 2).
+    # "config": q, k, v and o take config.json's attention_bias; "qkv": q, k and v carry a bias
+    # (unless config.json's qkv_bias, Qwen2-MoE's, says not) and o never does (Qwen 2).
     attention_bias: Literal["config", "qkv"] = "config"
     # Whether config.json's mlp_bias is read (Llama); elsewhere the MLP has no bias.
     reads_mlp_bias: bool = False
@@ -115,7 +116,7 @@ FAMILIES: dict[str, Family] = {
                config_defaults=(("norm_topk_prob", True),)),
         Family("qwen2_moe", _LLAMA_NORMS, attention_bias="qkv", window_layers="from_max_window_layers",
                experts=ExpertStyle(), config_defaults=_QWEN_DEFAULTS),
-        Family("qwen3_moe", _LLAMA_NORMS, qk_norm="head", window_layers="from_max_window_layers",
+        Family("qwen3_moe", _LLAMA_NORMS, qk_norm="head", window_layers="all_when_used",
                experts=ExpertStyle(), config_defaults=(*_QWEN_DEFAULTS, ("head_dim", 128))),
         Family("olmoe", _LLAMA_NORMS, qk_norm="projection", experts=ExpertStyle(expert_size_key="intermediate_size")),
     )

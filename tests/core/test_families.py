@@ -46,7 +46,7 @@ def test_the_family_loads_as_the_one_decoder_with_its_switches(checkpoint) -> No
     windows = [layer.sliding_window for layer in model.config.layers]
     layer_types = getattr(hf_model.config, "layer_types", None) or ["full_attention"] * len(windows)
     expected = [WINDOW if kind == "sliding_attention" else None for kind in layer_types]
-    if family in ("mistral", "mixtral"):  # every layer slides
+    if family in ("mistral", "mixtral", "qwen3_moe"):  # every layer slides
         expected = [WINDOW] * len(windows)
     assert windows == expected
 

@@ -153,3 +153,10 @@ def test_olmoe_clip_qkv_is_refused() -> None:
     config = {**hf_model("olmoe").config.to_dict(), "clip_qkv": 8.0}
     with pytest.raises(ValueError, match="clip_qkv are not supported"):
         model_from_hf_config(config)
+
+
+def test_qwen2_moe_without_qkv_biases() -> None:
+    """Qwen2-MoE's config.json may turn its q, k and v biases off (qkv_bias), which Qwen 2 always has."""
+    config = {**hf_model("qwen2_moe").config.to_dict(), "qkv_bias": False}
+    assert not model_from_hf_config(config).config.qkv_bias
+    assert model_from_hf_config(hf_model("qwen2_moe").config.to_dict()).config.qkv_bias
