@@ -41,9 +41,9 @@ def grammar_of(spec: StructuredOutputs) -> str:
             raise StructuredOutputError(kind, f"the JSON schema is not JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise StructuredOutputError(kind, "a JSON schema is an object (or true / false)")
-        grammar = _bounded_whitespace_json_grammar(schema)
+        grammar = _json_grammar(schema, spec.any_whitespace)
     elif kind == "json_object":
-        grammar = _bounded_whitespace_json_grammar({"type": "object"})
+        grammar = _json_grammar({"type": "object"}, spec.any_whitespace)
     elif kind == "regex":
         grammar = llguidance.LLMatcher.grammar_from_regex(spec.regex)
     elif kind == "choice":
@@ -63,19 +63,24 @@ def grammar_of(spec: StructuredOutputs) -> str:
     return grammar
 
 
-# Between JSON tokens: one space, or one line break and an indentation up to six levels deep. Free
-# whitespace (llguidance's default) lets a small model wander into runs of blank lines until
-# max_tokens; no whitespace at all turns models that pretty-print into ones that never close an array.
+# Compact JSON: at most one space between tokens, never a line break, so a small model cannot spend
+# its max_tokens on blank lines and indentation (llguidance's default, free whitespace, lets it).
+# No space at all makes SmolLM2 repeat a call in a tool-call array or a key in an object without
+# end; one optional space keeps the JSON it was trained on ({"a": 1, "b": 2}) within reach.
+COMPACT_JSON = {"whitespace_pattern": r"[ ]?"}
+# With any_whitespace: one space, or one line break and an indentation up to six levels deep, between
+# tokens: room to pretty-print, never runs of blank lines.
 JSON_WHITESPACE = r"(?:[ \t]?|\r?\n(?: {0,24}|\t{0,6}))"
 
 
-def _bounded_whitespace_json_grammar(schema: dict | bool) -> str:
-    """llguidance's JSON grammar with JSON_WHITESPACE, unless the schema gives its own `x-guidance`
-    options (llguidance's: whitespace_flexible, whitespace_pattern, ...)."""
+def _json_grammar(schema: dict | bool, any_whitespace: bool) -> str:
+    """llguidance's JSON grammar, compact or with JSON_WHITESPACE, unless the schema gives its own
+    `x-guidance` options (llguidance's: whitespace_flexible, whitespace_pattern, ...)."""
     if schema is True:
         schema = {}
     if isinstance(schema, dict) and "x-guidance" not in schema:
-        schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+        options = {"whitespace_pattern": JSON_WHITESPACE} if any_whitespace else COMPACT_JSON
+        schema = {**schema, "x-guidance": options}
     return llguidance.LLMatcher.grammar_from_json_schema(schema)
 
 

@@ -45,6 +45,9 @@ class StructuredOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     regex: str | None = None
     choice: list[str] | None = None  # one of these strings, exactly
     grammar: str | None = None  # Lark, or GBNF (llama.cpp's), as llguidance reads them
+    # JSON (json, json_object) may put a line break and indentation between tokens; by default it
+    # is compact: at most one space between tokens.
+    any_whitespace: bool = False
 
 
 class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):

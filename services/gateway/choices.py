@@ -3,6 +3,8 @@ request each), fanned out as LLM.generate fans them out."""
 
 from __future__ import annotations
 
+import msgspec
+
 from ember_core.output_processor import ChoiceRequest, fan_out
 from ember_core.sampling_params import SamplingParamError, SamplingParams
 from ember_gateway.constraints import structured_outputs_of
@@ -45,6 +47,8 @@ def build_choices(
         structured_outputs = tool_constraint
     if structured_outputs is not None and model.tokenizer is None:
         raise ApiError(400, "structured outputs need a tokenizer and this model has none")
+    if structured_outputs is not None and body.json_any_whitespace:  # else JSON comes out compact
+        structured_outputs = msgspec.structs.replace(structured_outputs, any_whitespace=True)
     try:
         return fan_out([
             (prompt, _sampling_params(body, budget, logprobs, prompt_logprobs, logit_bias, structured_outputs,

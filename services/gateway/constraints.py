@@ -2,7 +2,8 @@
 (OpenAI's json_object and json_schema), `structured_outputs` (vLLM's json / regex / choice /
 grammar / json_object) and vLLM's older `guided_json`, `guided_regex`, `guided_choice`,
 `guided_grammar`. At most one may be given; it is checked here, so a bad one gets a 400 naming its
-field before it reaches an engine."""
+field before it reaches an engine. A `strict` json_schema admits only the properties it declares
+(strict_schema.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from ember_core.structured_outputs import StructuredOutputError, grammar_of
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import GenerationRequest
+from ember_gateway.strict_schema import strict_schema
 from ember_proto import StructuredOutputs
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -53,7 +55,8 @@ def _from_response_format(response_format: dict[str, Any]) -> StructuredOutputs:
         raise ApiError(400, "response_format.json_schema must be an object with a `schema` object",
                        param="response_format.json_schema")
     # OpenAI's: a json_schema without a schema allows any JSON
-    return StructuredOutputs(json=json.dumps(spec.get("schema", {})))
+    schema = spec.get("schema", {})
+    return StructuredOutputs(json=json.dumps(strict_schema(schema) if spec.get("strict") is True else schema))
 
 
 def _from_vllm(value: Any) -> StructuredOutputs:

@@ -58,6 +58,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    json_any_whitespace: bool = False  # JSON outputs may pretty-print (a space, or a line break and indentation)
     # not implemented: only their no-op values pass `reject_unsupported_values`
     tool_choice: str | dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None  # the legacy tool_choice

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from ember_core.tokenizer.chat_template import render_chat
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import ChatCompletionRequest
+from ember_gateway.strict_schema import strict_schema
 from ember_proto import StructuredOutputs
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -97,7 +98,7 @@ def constraint(plan: ToolPlan) -> StructuredOutputs | None:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": function["name"]}, "arguments": function.get("parameters") or {"type": "object"}},
+            "properties": {"name": {"const": function["name"]}, "arguments": _arguments_schema(function)},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -108,6 +109,11 @@ def constraint(plan: ToolPlan) -> StructuredOutputs | None:
     several = plan.parallel and plan.choice == "required"  # a named function: one call of it
     schema = {"type": "array", "items": call, "minItems": 1} if several else call
     return StructuredOutputs(json=json.dumps(schema))
+
+
+def _arguments_schema(function: dict[str, Any]) -> dict[str, Any]:
+    parameters = function.get("parameters") or {"type": "object"}
+    return strict_schema(parameters) if function.get("strict") is True else parameters
 
 
 def describe(plan: ToolPlan) -> str:

@@ -1,6 +1,7 @@
 """Constrained decoding in the engine (llguidance) on the default model: the output always
 matches its JSON schema, regex, choice or grammar, greedy and sampled, and the constraint follows
-its sequence through n choices, preemption and a resume."""
+its sequence through n choices, preemption and a resume; JSON is compact unless asked otherwise,
+and ends."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from ember_core import LLM, SamplingParams
 from ember_core.structured_outputs import StructuredOutputError, grammar_of
+from ember_core.tokenizer.chat_template import render_chat
 from ember_proto import StructuredOutputs
 
 SCHEMA = {
@@ -127,6 +129,25 @@ def test_twenty_schemas_validate_greedy_and_sampled_with_n_3_through_preemption(
     assert llm.stats().num_preemptions > before
 
 
+def test_twenty_schemas_greedy_end_with_stop(smollm2_gguf_path: Path) -> None:
+    """Compact JSON, each schema in its chat prompt as a client would send it, 200 tokens of room."""
+    llm = LLM(str(smollm2_gguf_path), dtype="float32", num_blocks=512, block_size=16, max_num_seqs=20)
+    template = llm.tokenizer.spec.chat_template
+    prompts = [
+        render_chat(template, [{"role": "user", "content": f"Give me a JSON object that follows this schema: {json.dumps(schema)}"}],
+                    add_generation_prompt=True)
+        for schema in SCHEMAS
+    ]
+    params = [SamplingParams(max_tokens=200, temperature=0, structured_outputs=StructuredOutputs(json=json.dumps(schema)))
+              for schema in SCHEMAS]
+    outputs = llm.generate(prompts, params)
+    ended = [output.outputs[0] for output in outputs if output.outputs[0].finish_reason == "stop"]
+    assert len(ended) >= 19, [output.outputs[0].text for output in outputs]
+    for output, schema in zip(outputs, SCHEMAS):
+        if output.outputs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(output.outputs[0].text), schema)
+
+
 def test_unconstrained_neighbours_keep_their_greedy_tokens(llm: LLM) -> None:
     plain = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     alone = llm.generate(PROMPTS, plain)
@@ -136,19 +157,22 @@ def test_unconstrained_neighbours_keep_their_greedy_tokens(llm: LLM) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "accepted"),
+    ("text", "compact", "any_whitespace"),
     [
-        ('{"a": [1, 2]}', True),
-        ('{\n  "a": [\n    1,\n    2\n  ]\n}', True),  # pretty-printed, indented
-        ('{\n\t"a":\t1}', True),
-        ('{\n\n"a": 1}', False),  # a blank line
-        ('{"a":  1}', False),  # a run of spaces
-        ("{\n" + " " * 25 + '"a": 1}', False),  # deeper than six levels of four
+        ('{"a":[1,2]}', True, True),
+        ('{ "a": [1, 2] }', True, True),
+        ('{\n  "a": [\n    1,\n    2\n  ]\n}', False, True),  # pretty-printed, indented
+        ('{\n\t"a":\t1}', False, True),
+        ('{\n\n"a": 1}', False, False),  # a blank line
+        ('{"a":  1}', False, False),  # a run of spaces
+        ("{\n" + " " * 25 + '"a": 1}', False, False),  # deeper than six levels of four
     ],
 )
-def test_json_whitespace_is_bounded_between_tokens(text: str, accepted: bool) -> None:
-    schema = {"type": "object", "properties": {"a": {}}}
-    assert _accepts(grammar_of(StructuredOutputs(json=json.dumps(schema))), text) == accepted
+def test_json_is_compact_and_any_whitespace_is_bounded(text: str, compact: bool, any_whitespace: bool) -> None:
+    schema = json.dumps({"type": "object", "properties": {"a": {}}})
+    assert _accepts(grammar_of(StructuredOutputs(json=schema)), text) == compact
+    assert _accepts(grammar_of(StructuredOutputs(json=schema, any_whitespace=True)), text) == any_whitespace
+    assert _accepts(grammar_of(StructuredOutputs(json_object=True)), text) == compact
 
 
 def test_a_schemas_own_whitespace_option_wins() -> None:

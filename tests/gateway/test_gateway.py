@@ -647,6 +647,11 @@ async def test_every_way_of_asking_for_a_constraint_reaches_the_engine_as_one(ga
         ("/v1/completions", completion(guided_choice=["yes", "no"]), StructuredOutputs(choice=["yes", "no"])),
         ("/v1/chat/completions", chat(guided_grammar='root ::= "x"'), StructuredOutputs(grammar='root ::= "x"')),
         ("/v1/chat/completions", chat(response_format={"type": "text"}), None),
+        ("/v1/chat/completions",
+         chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}),
+         StructuredOutputs(json=json.dumps({**schema, "additionalProperties": False}))),
+        ("/v1/chat/completions", chat(response_format={"type": "json_object"}, json_any_whitespace=True),
+         StructuredOutputs(json_object=True, any_whitespace=True)),
     ]:
         status, _ = await gateway.post(path, body)
         assert status == 200 and fake_engine.received[-1].sampling.structured_outputs == expected, body

@@ -102,6 +102,10 @@ async def test_a_forced_call_is_constrained_to_the_function_s_parameters(replyin
     assert schema["properties"]["arguments"] == WEATHER["function"]["parameters"]
     await gateway.post("/v1/chat/completions", chat(tool_choice="required", max_tokens=len(engine.reply_ids)))
     assert json.loads(engine.received[-1].sampling.structured_outputs.json)["type"] == "array"
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    await gateway.post("/v1/chat/completions", chat(tools=[strict], tool_choice=named, max_tokens=len(engine.reply_ids)))
+    arguments = json.loads(engine.received[-1].sampling.structured_outputs.json)["properties"]["arguments"]
+    assert arguments == {**WEATHER["function"]["parameters"], "additionalProperties": False}
 
 
 # A conversation whose assistant turn called get_weather and whose tool turn answered it.

@@ -92,6 +92,43 @@ def test_a_required_tool_call_through_the_sdk(client: openai.OpenAI) -> None:
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+WEATHER_PARAMETERS = {
+    "type": "object", "required": ["city", "unit"],
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+}
+
+
+def test_a_forced_call_of_a_strict_function_is_compact_and_short(client: openai.OpenAI) -> None:
+    """No additionalProperties in its schema: strict mode closes it, so the model cannot invent keys."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+                                                "parameters": WEATHER_PARAMETERS, "strict": True}}
+    reply = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "What's the weather in Oslo?"}], tools=[weather],
+        tool_choice="required", temperature=0, max_tokens=80,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and reply.usage.completion_tokens <= 40, choice.message
+    for call in choice.message.tool_calls:
+        assert set(json.loads(call.function.arguments)) == {"city", "unit"}
+
+
+def test_a_strict_response_format_admits_only_its_properties_and_whitespace_is_asked_for(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    messages = [{"role": "user", "content": "A JSON object about Rome."}]
+    strict = client.chat.completions.create(
+        model="smol", messages=messages, temperature=0, max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}},
+    )
+    content = strict.choices[0].message.content
+    assert strict.choices[0].finish_reason == "stop" and set(json.loads(content)) == {"city"}
+    assert "\n" not in content and "  " not in content  # compact
+    spaced = client.chat.completions.create(
+        model="smol", messages=messages, temperature=0, max_tokens=60, extra_body={"json_any_whitespace": True},
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema, "strict": True}},
+    )
+    assert json.loads(spaced.choices[0].message.content).keys() == {"city"}
+
+
 class GetWeather(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=20)
 
