@@ -9,6 +9,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 Admission = Literal["preempt", "reserve"]
 Batching = Literal["continuous", "static"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 GGUFWeights = Literal["blocks", "dequantized"]
 DecodeAttention = Literal["auto", "kernel", "flex", "sdpa"]
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -41,6 +42,11 @@ class EngineConfig:
     # Reuse the cached K/V of a prompt's longest prefix computed before (shared system prompts,
     # chat turns, retries); the same tokens as without it.
     enable_prefix_caching: bool = True
+    # "fcfs": requests run in arrival order and must not ask for a priority; "priority": by (priority,
+    # arrival), lower first, preempting lower-priority running requests when the pool is full. A
+    # request waiting priority_aging_s seconds ranks ahead of all that have not (starvation bound).
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    priority_aging_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -65,6 +71,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if not self.priority_aging_s > 0:
+            raise ValueError(f"priority_aging_s must be > 0, got {self.priority_aging_s}")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
 

@@ -46,6 +46,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-attention", choices=DECODE_ATTENTION, default=env_default("decode_attention", defaults.decode_attention),
                         help="auto = ember's C++ kernel on CPU, FlexAttention elsewhere if it passes its start-up "
                              "check, else SDPA over gathered blocks")
+    parser.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                        default=env_default("scheduling_policy", defaults.scheduling_policy),
+                        help="fcfs: arrival order (a request's non-zero priority is refused); priority: lower "
+                             "`priority` first, preempting lower-priority requests when the KV pool is full")
+    parser.add_argument("--priority-aging-s", type=float, default=env_default("priority_aging_s", defaults.priority_aging_s),
+                        help="under --scheduling-policy priority: a request waiting this long ranks ahead of all "
+                             "that have not, whatever their priority (no request waits forever)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

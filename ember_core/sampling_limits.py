@@ -62,6 +62,7 @@ PENALTY = Limit(float, ge=-2, le=2)  # presence_penalty, frequency_penalty
 REPETITION_PENALTY = Limit(float, gt=0, le=2)
 LOGIT_BIAS = Limit(float, ge=-100, le=100)
 TOKEN_ID = Limit(int, ge=0)
+PRIORITY = Limit(int, ge=INT64_MIN, le=INT64_MAX)  # lower runs first (the priority scheduling policy)
 
 # SamplingParams' fields and their rows (None passes where the field's default is None)
 FIELD_LIMITS: dict[str, Limit] = {
@@ -78,4 +79,5 @@ FIELD_LIMITS: dict[str, Limit] = {
     "presence_penalty": PENALTY,
     "frequency_penalty": PENALTY,
     "repetition_penalty": REPETITION_PENALTY,
+    "priority": PRIORITY,
 }

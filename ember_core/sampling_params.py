@@ -60,6 +60,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # constrain the output to a JSON schema, any JSON object, a regex, a choice or a grammar
     structured_outputs: StructuredOutputs | None = None
+    # vLLM's: lower runs first under the engine's priority scheduling policy; only 0 under fcfs
+    priority: int = 0
 
     def __post_init__(self) -> None:
         for name, limit in FIELD_LIMITS.items():

@@ -67,6 +67,7 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     logit_bias: dict[int, float] | None = None
     min_p: float = 0.0
     structured_outputs: StructuredOutputs | None = None
+    priority: int = 0  # lower runs first under the engine's priority scheduling policy
 
 
 # gateway -> engine

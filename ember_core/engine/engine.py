@@ -83,6 +83,8 @@ class Engine:
             # Chunks of up to SMALL_BATCH_ROWS tokens attend through the exact path that materialises
             # the scores, ~2x slower per position at long context than the flash kernel longer ones take.
             min_chunk_tokens=SMALL_BATCH_ROWS + 1,
+            policy=config.scheduling_policy,
+            priority_aging_s=config.priority_aging_s,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids
@@ -109,11 +111,17 @@ class Engine:
     ) -> None:
         """output_token_ids: what the request already generated on an engine that was lost. It
         continues after them as if it had never stopped: they count toward max_tokens, min_tokens and
-        the penalties, and a seeded request samples the same tokens it would have."""
+        the penalties, and a seeded request samples the same tokens it would have. params.priority:
+        lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM)."""
         if request_id in self._sequences:
             raise RequestRejected(f"request id {request_id!r} is already in flight")
         if not prompt_token_ids:
             raise RequestRejected("the prompt is empty")
+        if params.priority and self.config.scheduling_policy != "priority":
+            raise RequestRejected(
+                f"priority {params.priority} needs the engine's --scheduling-policy priority (it runs fcfs, where "
+                "every request's priority is 0)"
+            )
         vocab_size = self.loaded.vocab_size
         token_ids = itertools.chain(prompt_token_ids, output_token_ids)
         if bad := _outside_vocabulary(token_ids, vocab_size):
@@ -136,6 +144,7 @@ class Engine:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             arrival_time=arrival_time or time.monotonic(),
+            priority=params.priority,
         )
         seq.token_ids.extend(output_token_ids)
         try:

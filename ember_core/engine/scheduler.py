@@ -21,6 +21,13 @@ The gateways route by the work a request would wait behind: `num_queued_prefill_
 queue still has to compute of its prompts, each waiting prompt counted at its arrival without the
 prefix it found cached or queued ahead of it (a burst sharing a new system prompt computes it once).
 
+Under the priority policy the queue is ordered by (priority, arrival), lower first, and a waiting
+request that cannot start (no room in the pool or in max_num_seqs) preempts the lowest-priority
+running ones, youngest first, that rank below it; memory pressure preempts by the same order. A
+request that has waited `priority_aging_s` since its arrival ranks ahead of every request that has
+not, in arrival order, and is never preempted for priority: no request waits much longer than that
+behind higher priorities.
+
 Static batching admits a batch only when the previous one is done. The batch stays open while
 the token budget is all that stops admission (its prompts then start over several steps) and
 closes once `max_num_seqs` sequences joined it, the queue is empty or the pool is full; a member
@@ -30,12 +37,13 @@ that finishes early leaves its place empty.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ember_core.cache.block_hash import extend_block_hashes
 from ember_core.cache.block_manager import BlockManager
-from ember_core.config import Admission, Batching
+from ember_core.config import Admission, Batching, SchedulingPolicy
 from ember_core.engine.sequence import Sequence, SequenceStatus
 from ember_proto import FinishReason
 
@@ -65,6 +73,8 @@ class Scheduler:
         prefix_caching: bool = True,
         context_cost: float = 0.0,
         min_chunk_tokens: int = 1,
+        policy: SchedulingPolicy = "fcfs",
+        priority_aging_s: float = 60.0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -77,6 +87,8 @@ class Scheduler:
         self.context_cost = context_cost
         # The context charge shrinks no chunk below this (the budget and the prompt's rest still do).
         self.min_chunk_tokens = min_chunk_tokens
+        self.policy = policy
+        self.priority_aging_s = priority_aging_s
         self.waiting: deque[Sequence] = deque()
         self._static_batch_open = True
         self._static_batch_members: set[int] = set()  # seq ids admitted to the current static batch
@@ -138,6 +150,10 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.policy == "priority":
+            now = time.monotonic()
+            self.waiting = deque(sorted(self.waiting, key=lambda seq: self._rank(seq, now)))
+            self._preempt_for_priority(out, now)
         budget = self.max_num_batched_tokens
         for seq in list(self.running.values()):
             if budget == 0:
@@ -160,10 +176,44 @@ class Scheduler:
             self._static_batch_open = self._admit(budget, out)
         return out
 
+    def _rank(self, seq: Sequence, now: float) -> tuple:
+        """Lower runs first: requests aged past priority_aging_s by arrival, then the others by
+        (priority, arrival)."""
+        if now - seq.arrival_time >= self.priority_aging_s:
+            return (0, 0, seq.arrival_time, seq.seq_id)
+        return (1, seq.priority, seq.arrival_time, seq.seq_id)
+
+    def _next_victim(self) -> Sequence:
+        """The running sequence to preempt for memory: the youngest, or under the priority policy the
+        one that ranks last."""
+        if self.policy == "priority":
+            now = time.monotonic()
+            return max(self.running.values(), key=lambda seq: self._rank(seq, now))
+        return self.running[next(reversed(self.running))]
+
+    def _preempt_for_priority(self, out: SchedulerOutput, now: float) -> None:
+        """Preempt the running sequences that rank below the first waiting one, last-ranked first,
+        until it can start; never one aged past priority_aging_s."""
+        while self.waiting:
+            head = self.waiting[0]
+            if len(self.running) < self.max_num_seqs and self._can_start(head):
+                return
+            victim = max(self.running.values(), key=lambda seq: self._rank(seq, now), default=None)
+            if victim is None or self._rank(victim, now) <= self._rank(head, now) or self._rank(victim, now)[0] == 0:
+                return
+            self._preempt(victim)
+            out.preempted.append(victim)
+            self.waiting = deque(sorted(self.waiting, key=lambda seq: self._rank(seq, now)))
+
+    def _can_start(self, seq: Sequence) -> bool:
+        cached = self._cached_prefix(seq, [{} for _ in range(self.block_manager.num_groups)])
+        chunk_cap = self.block_manager.largest_fitting_chunk(seq.num_tokens, self.max_num_batched_tokens) or 1
+        return self.block_manager.can_start(seq.num_tokens, cached or (), chunk_tokens=chunk_cap)
+
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
-        """Preempt the youngest running sequences until seq can cover num_tokens; False if seq itself went."""
+        """Preempt running sequences (_next_victim) until seq can cover num_tokens; False if seq itself went."""
         while not self.block_manager.can_grow(seq.seq_id, num_tokens, seq.num_computed_tokens):
-            victim = self.running[next(reversed(self.running))]
+            victim = self._next_victim()
             if victim is seq and len(self.running) == 1 and not out.seqs:
                 # Alone and still too big for the whole pool: it can never continue.
                 self.finish(seq, FinishReason.LENGTH)

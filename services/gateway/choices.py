@@ -77,6 +77,7 @@ def _sampling_params(
         top_k=body.top_k or 0,
         min_p=body.min_p or 0.0,
         seed=body.seed,
+        priority=body.priority,
         stop=body.stop,
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=skip_special_tokens,

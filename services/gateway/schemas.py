@@ -51,6 +51,7 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     frequency_penalty: limits.PENALTY.type | None = None
     repetition_penalty: limits.REPETITION_PENALTY.type | None = None  # vLLM extension
     logit_bias: dict[str, limits.LOGIT_BIAS.type] | None = None  # token id (as a string) -> bias
+    priority: limits.PRIORITY.type = 0  # vLLM's: lower runs first; the engine's --scheduling-policy priority
     # output constraints: constraints.py
     response_format: dict[str, Any] | None = None
     structured_outputs: Any = None

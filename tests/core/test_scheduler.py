@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ember_core.cache import BlockManager
@@ -342,3 +344,62 @@ def test_queued_prefill_tokens_count_a_prefix_shared_in_the_queue_once() -> None
     for user in range(2):
         without_cache.add(tenant_seq(user))
     assert without_cache.num_queued_prefill_tokens == 92
+
+
+def make_prioritized(prompt_len: int, priority: int, waited_s: float = 0.0, max_tokens: int = 8) -> Sequence:
+    seq = make_seq(prompt_len, max_tokens)
+    seq.priority, seq.arrival_time = priority, time.monotonic() - waited_s
+    return seq
+
+
+def test_priority_orders_the_queue_by_priority_then_arrival() -> None:
+    s = make_scheduler(max_num_seqs=1, policy="priority")
+    low, high, high_later = make_prioritized(4, 5), make_prioritized(4, -1), make_prioritized(4, -1)
+    for seq in (low, high, high_later):
+        s.add(seq)
+    assert s.schedule().seqs == [high]
+    assert list(s.waiting) == [high_later, low]
+
+
+def _full_pool(policy: str, priorities: tuple[int, int]) -> tuple[Scheduler, list[Sequence]]:
+    """4 blocks of 4, two running 7-token prompts that decode within their 2 blocks each: full."""
+    s = make_scheduler(num_blocks=4, policy=policy)
+    running = [make_prioritized(7, priority, max_tokens=2) for priority in priorities]
+    for seq in running:
+        s.add(seq)
+    assert run_step(s).seqs == running and s.block_manager.num_free_blocks == 0
+    return s, running
+
+
+def test_a_higher_priority_arrival_preempts_the_lowest_priority_running_one() -> None:
+    s, (low, lower) = _full_pool("priority", (1, 2))
+    urgent = make_prioritized(7, 0, max_tokens=2)
+    s.add(urgent)
+    out = run_step(s)
+    assert out.preempted == [lower] and lower.status is SequenceStatus.WAITING
+    assert urgent in run_step(s).seqs
+    run_to_completion(s)
+    assert s.block_manager.num_free_blocks == 4
+
+
+def test_an_equal_priority_or_fcfs_does_not_preempt_for_priority() -> None:
+    for policy, newcomer in (("priority", 1), ("fcfs", 0)):
+        s, _ = _full_pool(policy, (1, 1))
+        s.add(make_prioritized(7, newcomer, max_tokens=2))
+        assert run_step(s).preempted == []
+
+
+def test_aging_bounds_the_wait_of_a_low_priority_request() -> None:
+    """Waited past priority_aging_s, it ranks ahead of fresh higher priorities, and is not preempted for them."""
+    s = make_scheduler(max_num_seqs=1, policy="priority", priority_aging_s=30.0)
+    starved, fresh = make_prioritized(4, 100, waited_s=31.0), make_prioritized(4, 0)
+    s.add(fresh)
+    s.add(starved)
+    assert s.schedule().seqs == [starved]
+    s.add(make_prioritized(4, -100))
+    assert s.schedule().preempted == [] and starved.status is SequenceStatus.RUNNING
+    young = make_scheduler(max_num_seqs=1, policy="priority", priority_aging_s=30.0)
+    waiting, urgent = make_prioritized(4, 100, waited_s=29.0), make_prioritized(4, 0)
+    young.add(waiting)
+    young.add(urgent)
+    assert young.schedule().seqs == [urgent]

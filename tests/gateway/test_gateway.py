@@ -655,3 +655,12 @@ async def test_every_way_of_asking_for_a_constraint_reaches_the_engine_as_one(ga
     ]:
         status, _ = await gateway.post(path, body)
         assert status == 200 and fake_engine.received[-1].sampling.structured_outputs == expected, body
+
+
+async def test_priority_reaches_the_engine_and_must_be_an_integer(gateway: Gateway, fake_engine: FakeEngine):
+    for path, body in (("/v1/chat/completions", chat(priority=-3)), ("/v1/completions", completion(priority=7))):
+        status, _ = await gateway.post(path, body)
+        assert status == 200 and fake_engine.received[-1].sampling.priority == body["priority"]
+    status, body = await gateway.post("/v1/completions", completion(priority="high"))
+    assert_openai_error(status, body, 400)
+    assert body["error"]["param"] == "priority"

@@ -132,6 +132,10 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
         )
         assert only_prompt.choices[0].text == text and only_prompt.usage.completion_tokens == 0
         assert only_prompt.choices[0].logprobs.token_logprobs == echoed.logprobs.token_logprobs[:-1]
+        # A priority under the default fcfs policy is refused, as vLLM refuses it.
+        with pytest.raises(openai.BadRequestError, match="--scheduling-policy priority"):
+            client.completions.create(model="smollm2-135m-instruct", prompt=text, max_tokens=1,
+                                      extra_body={"priority": 2})
         process.send_signal(signal.SIGTERM)
         assert stop_process(process, timeout=30) == 0
     assert http_status(f"{url}/health") == 0  # nothing listens any more
