@@ -134,6 +134,8 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     # A mixture of experts' load: per decoder layer, the tokens routed to each of its experts since the
     # engine started ([] for a dense layer). Sent to a gateway at most once a second; [] in between.
     expert_tokens: list[list[int]] = []
+    # Preemptions since the engine started, by the preempted request's priority.
+    preemptions_by_priority: dict[int, int] = {}
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

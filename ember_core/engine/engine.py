@@ -180,6 +180,7 @@ class Engine:
             num_prefix_cache_hits=self.scheduler.num_prefix_hits,
             num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
             expert_tokens=self.expert_load() if expert_load else [],
+            preemptions_by_priority=dict(self.scheduler.preemptions_by_priority),
         )
 
     def expert_load(self) -> list[list[int]]:

@@ -97,6 +97,7 @@ class Scheduler:
         self.num_reserved_blocks = 0
         self._prompt_chunk_caps: dict[int, int] = {}  # seq id -> its prompt chunks' cap, where below the budget
         self.num_preemptions = 0
+        self.preemptions_by_priority: Counter[int] = Counter()
         # Prompt tokens looked up in the prefix cache at admission, and those found there.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
@@ -330,6 +331,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preemptions_by_priority[seq.priority] += 1
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Release everything seq holds, in the step it finishes."""

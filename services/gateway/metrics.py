@@ -47,6 +47,10 @@ class _PoolCollector(Collector):
             "ember_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).", labels=labels
         )
         preemptions = CounterMetricFamily("ember_num_preemptions", "Preemptions since the engine started.", labels=labels)
+        preemptions_by_priority = CounterMetricFamily(
+            "ember_num_preemptions_by_priority", "Preemptions since the engine started, by the request's priority.",
+            labels=[*labels, "priority"],
+        )
         prefix_queries = CounterMetricFamily(
             "ember_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels=labels
         )
@@ -60,6 +64,8 @@ class _PoolCollector(Collector):
             queued_tokens.add_metric(key, stats.num_queued_prefill_tokens)
             kv_usage.add_metric(key, stats.num_kv_blocks_used / max(stats.num_kv_blocks_total, 1))
             preemptions.add_metric(key, stats.num_preemptions)
+            for priority, count in sorted(stats.preemptions_by_priority.items()):
+                preemptions_by_priority.add_metric([*key, str(priority)], count)
             prefix_queries.add_metric(key, stats.num_prefix_cache_queries)
             prefix_hits.add_metric(key, stats.num_prefix_cache_hits)
         routing = CounterMetricFamily(
@@ -81,8 +87,8 @@ class _PoolCollector(Collector):
                 for expert, count in enumerate(counts):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
-            running, waiting, queued_tokens, kv_usage, preemptions, prefix_queries, prefix_hits, routing, migrations,
-            expert_tokens,
+            running, waiting, queued_tokens, kv_usage, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
+            routing, migrations, expert_tokens,
         )
 
 

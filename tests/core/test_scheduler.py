@@ -377,6 +377,7 @@ def test_a_higher_priority_arrival_preempts_the_lowest_priority_running_one() ->
     s.add(urgent)
     out = run_step(s)
     assert out.preempted == [lower] and lower.status is SequenceStatus.WAITING
+    assert s.preemptions_by_priority == {2: 1}
     assert urgent in run_step(s).seqs
     run_to_completion(s)
     assert s.block_manager.num_free_blocks == 4

@@ -236,6 +236,7 @@ class FakeEngine:
             num_kv_blocks_used=2 * len(self._running),
             num_kv_blocks_total=100,
             num_preemptions=3,
+            preemptions_by_priority={0: 2, 5: 1},
             num_prefix_cache_queries=64,
             num_prefix_cache_hits=48,
             num_queued_prefill_tokens=self.backlog_prefill_tokens,

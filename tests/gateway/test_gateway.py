@@ -293,6 +293,8 @@ async def test_metrics(gateway: Gateway):
         f"ember_request_queue_time_seconds_count{{{label}}} 2.0",
         f"ember_inter_token_latency_seconds_count{{{label}}} 7.0",
         f"ember_num_preemptions_total{{{engine_label}}} 3.0",
+        f'ember_num_preemptions_by_priority_total{{{engine_label},priority="5"}} 1.0',
+        f'ember_num_preemptions_by_priority_total{{{engine_label},priority="0"}} 2.0',
         f"ember_prefix_cache_queries_total{{{engine_label}}} 64.0",
         f"ember_prefix_cache_hits_total{{{engine_label}}} 48.0",
         f"ember_num_requests_running{{{engine_label}}} ",
