@@ -144,7 +144,6 @@ class Engine:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             arrival_time=arrival_time or time.monotonic(),
-            priority=params.priority,
         )
         seq.token_ids.extend(output_token_ids)
         try:

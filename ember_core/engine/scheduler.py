@@ -182,7 +182,7 @@ class Scheduler:
         (priority, arrival)."""
         if now - seq.arrival_time >= self.priority_aging_s:
             return (0, 0, seq.arrival_time, seq.seq_id)
-        return (1, seq.priority, seq.arrival_time, seq.seq_id)
+        return (1, seq.params.priority, seq.arrival_time, seq.seq_id)
 
     def _next_victim(self) -> Sequence:
         """The running sequence to preempt for memory: the youngest, or under the priority policy the
@@ -195,21 +195,29 @@ class Scheduler:
     def _preempt_for_priority(self, out: SchedulerOutput, now: float) -> None:
         """Preempt the running sequences that rank below the first waiting one, last-ranked first,
         until it can start; never one aged past priority_aging_s."""
+        no_completed_blocks = [{} for _ in range(self.block_manager.num_groups)]
         while self.waiting:
             head = self.waiting[0]
-            if len(self.running) < self.max_num_seqs and self._can_start(head):
+            if len(self.running) < self.max_num_seqs and self._start_plan(head, no_completed_blocks) is not None:
                 return
             victim = max(self.running.values(), key=lambda seq: self._rank(seq, now), default=None)
-            if victim is None or self._rank(victim, now) <= self._rank(head, now) or self._rank(victim, now)[0] == 0:
+            if victim is None:
+                return
+            victim_rank = self._rank(victim, now)
+            if victim_rank <= self._rank(head, now) or victim_rank[0] == 0:  # ranks ahead, or aged
                 return
             self._preempt(victim)
             out.preempted.append(victim)
             self.waiting = deque(sorted(self.waiting, key=lambda seq: self._rank(seq, now)))
 
-    def _can_start(self, seq: Sequence) -> bool:
-        cached = self._cached_prefix(seq, [{} for _ in range(self.block_manager.num_groups)])
+    def _start_plan(self, seq: Sequence, completed_in_step: list[dict[bytes, int]]) -> tuple[list[list[int]] | None, int] | None:
+        """(seq's cached prefix tables, its prompt chunks' cap) when the pool can start it now, else
+        None: it starts only when its whole uncomputed prompt fits, even if computed in chunks."""
+        cached = self._cached_prefix(seq, completed_in_step)
         chunk_cap = self.block_manager.largest_fitting_chunk(seq.num_tokens, self.max_num_batched_tokens) or 1
-        return self.block_manager.can_start(seq.num_tokens, cached or (), chunk_tokens=chunk_cap)
+        if not self.block_manager.can_start(seq.num_tokens, cached or (), chunk_tokens=chunk_cap):
+            return None
+        return cached, chunk_cap
 
     def _make_room(self, seq: Sequence, num_tokens: int, out: SchedulerOutput) -> bool:
         """Preempt running sequences (_next_victim) until seq can cover num_tokens; False if seq itself went."""
@@ -241,11 +249,10 @@ class Scheduler:
                 reservation = self.reservation_blocks(seq)
                 if self.num_reserved_blocks + reservation > self.block_manager.num_blocks:
                     return False
-            cached = self._cached_prefix(seq, completed_in_step)
-            # Admit only when the whole uncomputed prompt fits, even if it is computed in chunks.
-            chunk_cap = self.block_manager.largest_fitting_chunk(seq.num_tokens, self.max_num_batched_tokens) or 1
-            if not self.block_manager.can_start(seq.num_tokens, cached or (), chunk_tokens=chunk_cap):
+            plan = self._start_plan(seq, completed_in_step)
+            if plan is None:
                 return False
+            cached, chunk_cap = plan
             self.waiting.popleft()
             if self.admission == "reserve":
                 seq.reserved_blocks = reservation
@@ -331,7 +338,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
-        self.preemptions_by_priority[seq.priority] += 1
+        self.preemptions_by_priority[seq.params.priority] += 1
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Release everything seq holds, in the step it finishes."""

@@ -23,7 +23,6 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float
-    priority: int = 0  # lower runs first, under the priority scheduling policy
     token_ids: list[int] = field(init=False)
     # Tokens whose K/V are in the cache; everything after them is computed in later steps.
     num_computed_tokens: int = 0

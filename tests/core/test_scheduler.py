@@ -348,7 +348,8 @@ def test_queued_prefill_tokens_count_a_prefix_shared_in_the_queue_once() -> None
 
 def make_prioritized(prompt_len: int, priority: int, waited_s: float = 0.0, max_tokens: int = 8) -> Sequence:
     seq = make_seq(prompt_len, max_tokens)
-    seq.priority, seq.arrival_time = priority, time.monotonic() - waited_s
+    seq.params = SamplingParams(max_tokens=max_tokens, priority=priority)
+    seq.arrival_time = time.monotonic() - waited_s
     return seq
 
 

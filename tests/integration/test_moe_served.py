@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.processes import STARTUP_TIMEOUT_S, free_port, http_status, spawned, wait_until
+from tests.processes import served, wait_until
 
 pytest.importorskip("transformers")
 from ember_bench.random_models import random_checkpoint
@@ -21,17 +20,10 @@ EXPERT_LINE = re.compile(r'^ember_moe_expert_tokens_total\{.*expert="(\d+)",laye
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model_dir = random_checkpoint("qwen3_moe", tmp_path_factory.mktemp("moe") / "model", num_hidden_layers=LAYERS,
                                   num_experts=EXPERTS, num_experts_per_tok=TOP_K)
-    port = free_port()
-    argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32"]
-    log = model_dir.parent / "serve.log"
-    with spawned(argv, log) as process:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: process.poll() is not None or http_status(f"{base}/health") == 200, STARTUP_TIMEOUT_S,
-                   "ember serve")
-        assert process.poll() is None, log.read_text()
+    with served(model_dir, model_dir.parent / "serve.log") as base:
         yield base
 
 
@@ -45,8 +37,8 @@ def _routed_per_layer(base: str) -> dict[int, float]:
     return per_layer
 
 
-def test_metrics_count_every_token_each_layer_routed(served: str) -> None:
-    client = openai.OpenAI(base_url=f"{served}/v1", api_key="unused", max_retries=0)
+def test_metrics_count_every_token_each_layer_routed(base_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
     computed = 0
     for prompt in ("Hello there", "A longer prompt about the experts of a sparse model"):
         usage = client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=7,
@@ -54,4 +46,4 @@ def test_metrics_count_every_token_each_layer_routed(served: str) -> None:
         computed += usage.prompt_tokens + usage.completion_tokens - 1  # the last token is sampled, never run
     expected = {layer: float(TOP_K * computed) for layer in range(LAYERS)}
     # The load rides on the engine's messages at most once a second.
-    wait_until(lambda: _routed_per_layer(served) == expected, 10, f"expert load {expected}")
+    wait_until(lambda: _routed_per_layer(base_url) == expected, 10, f"expert load {expected}")

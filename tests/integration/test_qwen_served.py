@@ -13,7 +13,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.processes import STARTUP_TIMEOUT_S, free_port, http_status, spawned, wait_until
+from tests.processes import served
 
 pytest.importorskip("transformers")
 from ember_bench.random_models import random_checkpoint
@@ -35,15 +35,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     model_dir = random_checkpoint("qwen2", tmp_path_factory.mktemp("qwen2") / "model", num_hidden_layers=2,
                                   max_position_embeddings=2048)  # room for the tools' system prompt
     shutil.copy(TEMPLATE, model_dir / "chat_template.jinja")
-    port = free_port()
-    argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--port", str(port), "--dtype", "float32",
-            "--model-name", "qwen"]
-    log = model_dir.parent / "serve.log"
-    with spawned(argv, log) as process:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: process.poll() is not None or http_status(f"{base}/health") == 200, STARTUP_TIMEOUT_S,
-                   "ember serve")
-        assert process.poll() is None, log.read_text()
+    with served(model_dir, model_dir.parent / "serve.log", "--model-name", "qwen") as base:
         yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
 
 
