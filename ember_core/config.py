@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
+
+from ember_core.speculative_config import SpeculativeConfig, speculative_config
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -47,8 +49,12 @@ class EngineConfig:
     # request waiting priority_aging_s seconds ranks ahead of all that have not (starvation bound).
     scheduling_policy: SchedulingPolicy = "fcfs"
     priority_aging_s: float = 60.0
+    # n-gram speculative decoding: a SpeculativeConfig, or its JSON text or dict (vLLM's spelling);
+    # None: off.
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
         if not self.model:
             raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):

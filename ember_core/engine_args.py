@@ -9,6 +9,7 @@ import sys
 
 from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 from ember_core.config_flags import env_default, env_name
+from ember_core.speculative_config import speculative_config
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -53,9 +54,22 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority-aging-s", type=float, default=env_default("priority_aging_s", defaults.priority_aging_s),
                         help="under --scheduling-policy priority: a request waiting this long ranks ahead of all "
                              "that have not, whatever their priority (no request waits forever)")
+    parser.add_argument("--speculative-config", type=_speculative_config_text, default=env_default("speculative_config", None),
+                        help='n-gram speculative decoding as vLLM spells it: \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' '
+                             '(also "disable_by_batch_size": no drafts while more sequences run; default 4)')
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")
+
+
+def _speculative_config_text(value: str) -> str:
+    """The flag's JSON text, checked here so that a bad one is a one-line usage error."""
+    try:
+        speculative_config(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict:

@@ -136,6 +136,12 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     expert_tokens: list[list[int]] = []
     # Preemptions since the engine started, by the preempted request's priority.
     preemptions_by_priority: dict[int, int] = {}
+    # Speculative decoding since the engine started (vLLM's counters): verifications (sequence-steps
+    # carrying drafts), draft tokens, the drafts accepted, and the tokens those steps appended.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_emitted_tokens: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

@@ -28,7 +28,7 @@ def ember_prompt_logits(llm, prompt: list[int]) -> torch.Tensor:
     scratch_seq_id = -1
     engine.block_manager.grow(scratch_seq_id, len(prompt))
     try:
-        chunk = SequenceChunk(prompt, 0, engine.block_manager.block_tables(scratch_seq_id), None)
+        chunk = SequenceChunk(prompt, 0, engine.block_manager.block_tables(scratch_seq_id))
         with torch.inference_mode():
             hidden = engine.runner.forward_hidden([chunk])
             return engine.runner.model.compute_logits(hidden).float()

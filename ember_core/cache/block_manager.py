@@ -129,6 +129,18 @@ class BlockManager:
             while len(table) < num_blocks:
                 table.append(self._pool.take())
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Release the sequence's blocks past those covering num_tokens tokens (the positions of a
+        step's rejected draft tokens): last first, as free() does."""
+        held = self._held[seq_id]
+        keep = self.blocks_for_tokens(num_tokens)
+        for index in reversed(range(keep, len(held.tables[0]))):
+            for table in held.tables:
+                if table[index] != DROPPED_BLOCK:
+                    self._pool.release(table[index])
+        for table in held.tables:
+            del table[keep:]
+
     def free(self, seq_id: int) -> None:
         held = self._held.pop(seq_id, None)
         if held is None:

@@ -3,6 +3,7 @@ schedule -> run the model -> update sequences -> collect finished."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -16,6 +17,7 @@ from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
+from ember_core.engine.speculator import Speculator
 from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
@@ -25,7 +27,7 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
-from ember_core.runner.token_masks import TokenMaskFiller
+from ember_core.runner.token_masks import TokenMask, TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
 from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
@@ -93,6 +95,8 @@ class Engine:
             tokenizer, self.loaded.vocab_size, sorted(self.stop_token_ids)
         )
         self._token_masks = TokenMaskFiller(self.loaded.vocab_size)
+        spec = config.speculative_config
+        self.speculator = None if spec is None else Speculator(spec)
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         self._aborted: list[RequestDelta] = []
@@ -180,7 +184,13 @@ class Engine:
             num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
             expert_tokens=self.expert_load() if expert_load else [],
             preemptions_by_priority=dict(self.scheduler.preemptions_by_priority),
+            **self._speculation_counts(),
         )
+
+    def _speculation_counts(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        return {f"spec_{name}": value for name, value in dataclasses.asdict(self.speculator.counters).items()}
 
     def expert_load(self) -> list[list[int]]:
         """A mixture of experts' tokens routed to each expert, per decoder layer ([] for a dense model)."""
@@ -188,22 +198,57 @@ class Engine:
 
     def step(self) -> list[RequestDelta]:
         deltas, self._aborted = self._aborted, []
+        self._propose_drafts()
         decision = self.scheduler.schedule()
         for seq in decision.finished:
             deltas.append(self._finished_delta(seq, []))
         if decision.is_empty:
             return deltas
-        results = self.runner.execute(self._chunks(decision))
-        for seq, num_tokens, result in zip(decision.seqs, decision.num_scheduled_tokens, results):
-            seq.num_computed_tokens += num_tokens
-            self.scheduler.cache_computed_blocks(seq)
+        chunks = self._chunks(decision)
+        results = self.runner.execute(chunks)
+        for seq, num_tokens, chunk, result in zip(decision.seqs, decision.num_scheduled_tokens, chunks, results):
             seq.prompt_logprobs.extend(result.prompt_logprobs)
-            if result.sampled is not None:
-                deltas.append(self._append_token(seq, result.sampled))
-            elif seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
-                self.scheduler.finish(seq, FinishReason.LENGTH)
-                deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
+            if not result.sampled:
+                seq.num_computed_tokens += num_tokens
+                self.scheduler.cache_computed_blocks(seq)
+                if seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
+                    self.scheduler.finish(seq, FinishReason.LENGTH)
+                    deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
+                continue
+            deltas.append(self._verify(seq, num_tokens, chunk, result.sampled))
         return deltas
+
+    def _verify(self, seq: Sequence, num_tokens: int, chunk: SequenceChunk, sampled: list[TokenLogprob]) -> RequestDelta:
+        """Append the sampled tokens a chunk's rows agree on: the first, then after each draft equal to
+        the token sampled before it the next one (speculator.py); release what rejected drafts took."""
+        drafts = chunk.token_ids[len(chunk.token_ids) - len(sampled) + 1 :]
+        num_accepted = next((i for i, (draft, token) in enumerate(zip(drafts, sampled)) if draft != token.token_id), len(drafts))
+        num_before, num_logprobs = seq.num_tokens, len(seq.logprobs)
+        reason = self._append_tokens(seq, sampled[: num_accepted + 1])
+        num_appended = seq.num_tokens - num_before
+        # the decode row's token and the accepted drafts now have their K/V in the cache
+        seq.num_computed_tokens += num_tokens - len(drafts) + min(num_appended, num_accepted)
+        if drafts:
+            self.speculator.record(seq.drafts, len(drafts), num_accepted, num_appended, seq.num_output_tokens)
+            self.scheduler.release_rejected_drafts(seq)
+        self.scheduler.cache_computed_blocks(seq)
+        new_token_ids, logprobs = seq.token_ids[num_before:], seq.logprobs[num_logprobs:]
+        prompt_logprobs = seq.prompt_logprobs if seq.num_output_tokens == num_appended else []
+        if reason is None:
+            return _delta(seq, new_token_ids, logprobs, prompt_logprobs)
+        self.scheduler.finish(seq, reason)
+        return self._finished_delta(seq, new_token_ids, logprobs, prompt_logprobs)
+
+    def _propose_drafts(self) -> None:
+        """Drafts for the running sequences that decode next step (speculative decoding, when on)."""
+        if self.speculator is None:
+            return
+        batch_size = self.scheduler.num_unfinished
+        for seq in self.scheduler.running.values():
+            room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+            if seq.num_uncomputed_tokens != 1 or seq.matcher is not None:
+                room = 0  # a prompt chunk; or a constraint, whose next tokens' masks depend on each other
+            self.speculator.propose(seq.token_ids, seq.drafts, seq.num_output_tokens, room, batch_size)
 
     def _matcher(self, params: SamplingParams, output_token_ids: Sequence_[int]) -> Any:
         """The constraint's matcher, past the tokens generated before a resume."""
@@ -219,7 +264,7 @@ class Engine:
 
     def _chunks(self, decision: SchedulerOutput) -> list[SequenceChunk]:
         samples = [
-            seq.num_computed_tokens + num_tokens == seq.num_tokens and seq.params.max_tokens > 0
+            seq.num_computed_tokens + num_tokens >= seq.num_tokens and seq.params.max_tokens > 0
             for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens)
         ]
         constrained = [seq for seq, sampled in zip(decision.seqs, samples) if sampled and seq.matcher is not None]
@@ -230,24 +275,14 @@ class Engine:
         chunks = []
         for seq, num_tokens, sampled in zip(decision.seqs, decision.num_scheduled_tokens, samples):
             start = seq.num_computed_tokens
-            sampling = None
+            drafts = seq.drafts.token_ids if sampled else []  # the scheduler fitted them to num_tokens
+            sampling = ()
             if sampled:
-                params = seq.params
-                banned: tuple[int, ...] = ()
-                if seq.num_output_tokens < params.min_tokens:
-                    banned = tuple(self.stop_token_ids | set(params.stop_token_ids))
-                history = params.needs_token_history
-                sampling = SamplingRequest(
-                    params=params,
-                    output_index=seq.num_output_tokens,
-                    banned_token_ids=banned,
-                    prompt_token_ids=seq.prompt_token_ids if history else None,
-                    output_token_ids=seq.output_token_ids if history else None,
-                    token_mask=token_masks.get(seq.seq_id),
-                )
+                mask = token_masks.get(seq.seq_id)
+                sampling = tuple(self._sampling_request(seq, drafts[:i], mask) for i in range(len(drafts) + 1))
             chunks.append(
                 SequenceChunk(
-                    token_ids=seq.token_ids[start : start + num_tokens],
+                    token_ids=seq.token_ids[start : start + num_tokens - len(drafts)] + drafts,
                     start_position=start,
                     block_tables=self.block_manager.block_tables(seq.seq_id),
                     sampling=sampling,
@@ -257,18 +292,35 @@ class Engine:
             )
         return chunks
 
-    def _append_token(self, seq: Sequence, token: TokenLogprob) -> RequestDelta:
-        seq.token_ids.append(token.token_id)
-        if seq.matcher is not None:
-            seq.matcher.consume_token(token.token_id)
-        logprobs = [token] if token.logprob is not None else []
-        seq.logprobs.extend(logprobs)
-        prompt_logprobs = seq.prompt_logprobs if seq.num_output_tokens == 1 else []
-        reason = self._stop_reason(seq, token.token_id)
-        if reason is None:
-            return _delta(seq, [token.token_id], logprobs, prompt_logprobs)
-        self.scheduler.finish(seq, reason)
-        return self._finished_delta(seq, [token.token_id], logprobs, prompt_logprobs)
+    def _sampling_request(self, seq: Sequence, drafted: list[int], token_mask: TokenMask | None) -> SamplingRequest:
+        """How the row after seq's tokens and the drafts before it samples: as the decode at that
+        output index would."""
+        params = seq.params
+        output_index = seq.num_output_tokens + len(drafted)
+        banned: tuple[int, ...] = ()
+        if output_index < params.min_tokens:
+            banned = tuple(self.stop_token_ids | set(params.stop_token_ids))
+        history = params.needs_token_history
+        return SamplingRequest(
+            params=params,
+            output_index=output_index,
+            banned_token_ids=banned,
+            prompt_token_ids=seq.prompt_token_ids if history else None,
+            output_token_ids=seq.output_token_ids + drafted if history else None,
+            token_mask=token_mask,
+        )
+
+    def _append_tokens(self, seq: Sequence, tokens: list[TokenLogprob]) -> FinishReason | None:
+        """Append tokens to seq up to the first that finishes it; why it finishes, if one does."""
+        for token in tokens:
+            seq.token_ids.append(token.token_id)
+            if seq.matcher is not None:
+                seq.matcher.consume_token(token.token_id)
+            if token.logprob is not None:
+                seq.logprobs.append(token)
+            if (reason := self._stop_reason(seq, token.token_id)) is not None:
+                return reason
+        return None
 
     def _finished_delta(
         self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None

@@ -161,6 +161,7 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            self._fit_drafts(seq, budget)
             num_tokens, cost = self._next_chunk(seq, budget)
             if self._make_room(seq, seq.num_computed_tokens + num_tokens, out):
                 self.block_manager.grow(seq.seq_id, seq.num_computed_tokens + num_tokens, seq.num_computed_tokens)
@@ -296,12 +297,29 @@ class Scheduler:
         1 + context_cost x the positions computed before the chunk; a decode costs 1, so running
         streams are never pushed out by their own context."""
         if seq.num_uncomputed_tokens == 1:
-            return 1, 1
+            num_tokens = 1 + len(seq.drafts.token_ids)
+            return num_tokens, num_tokens
         per_token = 1 + self.context_cost * seq.num_computed_tokens
         floor = min(seq.num_uncomputed_tokens, budget, self.min_chunk_tokens)
         num_tokens = max(floor, min(seq.num_uncomputed_tokens, int(budget / per_token)))
         num_tokens = min(num_tokens, self._prompt_chunk_caps.get(seq.seq_id, num_tokens))
         return num_tokens, min(budget, math.ceil(num_tokens * per_token))
+
+    def _fit_drafts(self, seq: Sequence, budget: int) -> None:
+        """Cut a decode's drafts to the step's budget, and drop them unless the pool holds them with a
+        block to spare per group for every running sequence: drafts never push a sequence out."""
+        drafts = seq.drafts.token_ids
+        del drafts[max(budget - 1, 0):]
+        if not drafts:
+            return
+        manager = self.block_manager
+        missing = manager.num_missing_blocks(seq.seq_id, seq.num_tokens + len(drafts), seq.num_computed_tokens)
+        if missing + len(self.running) * manager.num_groups > manager.num_free_blocks:
+            drafts.clear()
+
+    def release_rejected_drafts(self, seq: Sequence) -> None:
+        """After a verifying step: give back the blocks that only rejected drafts' positions took."""
+        self.block_manager.truncate(seq.seq_id, seq.num_computed_tokens)
 
     def _uses_prefix_cache(self, seq: Sequence) -> bool:
         # Scoring the prompt needs every prompt row computed.
@@ -335,6 +353,7 @@ class Scheduler:
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
         seq.num_computed_tokens = 0
+        seq.drafts.token_ids.clear()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ember_core.engine.speculator import DraftState
 from ember_core.sampling_params import SamplingParams
 from ember_proto import FinishReason, TokenLogprob
 
@@ -37,6 +38,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     # llguidance's matcher of params.structured_outputs: what may come next, fed every token sampled
     matcher: Any = None
+    # speculative decoding: the drafts the next step verifies after its decode, and how drafts fared
+    drafts: DraftState = field(default_factory=lambda: DraftState([]))
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -34,12 +34,20 @@ class SequenceChunk:
     token_ids: list[int]  # the tokens computed this step
     start_position: int  # position of token_ids[0] in its sequence
     block_tables: list[list[int]]  # one per KV cache group (the block manager's)
-    sampling: SamplingRequest | None  # None for a prompt chunk that does not reach the end
+    # One per row of the chunk's end: its last len(sampling) rows sample. () for a prompt chunk that
+    # does not reach the end; one for a decode or a prompt's last chunk; 1 + K for a decode and the K
+    # draft tokens after it that the step verifies (speculative decoding).
+    sampling: tuple[SamplingRequest, ...] = ()
     scoring: PromptScoring | None = None
     num_prompt_tokens: int = 0  # of the request (LongRoPE's table depends on it); 0: only positions decide
+
+    @property
+    def is_decode(self) -> bool:
+        """Each row attends as a decode: a lone token, or a decode with its drafts (every row samples)."""
+        return len(self.token_ids) == 1 or len(self.sampling) == len(self.token_ids)
 
 
 @dataclass(frozen=True)
 class ChunkResult:
-    sampled: TokenLogprob | None  # None for a prompt chunk that does not reach the end
+    sampled: list[TokenLogprob]  # one per row of chunk.sampling
     prompt_logprobs: list[TokenLogprob]  # one per scored row, in order

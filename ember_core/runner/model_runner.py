@@ -104,10 +104,10 @@ class ModelRunner:
             context_len = chunk.start_position + num_tokens
             table = chunk.block_tables[group]
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(chunk.start_position, context_len))
-            if num_tokens == 1:
-                decode_index.append(token_start)
-                decode_tables.append(table)
-                decode_context_lens.append(context_len)
+            if chunk.is_decode:  # a decode's drafts are decodes too, each seeing the rows before it
+                decode_index.extend(range(token_start, token_start + num_tokens))
+                decode_tables.extend([table] * num_tokens)
+                decode_context_lens.extend(range(chunk.start_position + 1, context_len + 1))
             else:
                 held = -(-context_len // block_size)
                 prefills.append(self._prefill_slice(token_start, num_tokens, context_len, table[:held]))
@@ -140,19 +140,20 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[SequenceChunk]) -> list[ChunkResult]:
-        """Run one step: a sampled token for every chunk that ends its sequence's known tokens, and
-        the logprobs of the prompt tokens the chunks score."""
+        """Run one step: a sampled token for each sampling row of the chunks (a chunk's last rows:
+        its sequence's next token, and after each draft token the one that follows it), and the
+        logprobs of the prompt tokens the chunks score."""
         hidden = self.forward_hidden(chunks)
-        token_starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
-        sampling_chunks = [i for i, c in enumerate(chunks) if c.sampling is not None]
-        sampled: dict[int, TokenLogprob] = {}
-        if sampling_chunks:
-            logits = self.model.compute_logits(hidden[[token_starts[i + 1] - 1 for i in sampling_chunks]])
-            sampled = dict(zip(sampling_chunks, sample(logits, [chunks[i].sampling for i in sampling_chunks])))
-        scored = iter(self._score_prompts(hidden, chunks, token_starts))
+        token_ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
+        rows = [row for c, end in zip(chunks, token_ends) for row in range(end - len(c.sampling), end)]
+        sampled = iter([])
+        if rows:
+            logits = self.model.compute_logits(hidden[rows])
+            sampled = iter(sample(logits, [request for c in chunks for request in c.sampling]))
+        scored = iter(self._score_prompts(hidden, chunks, [end - len(c.token_ids) for c, end in zip(chunks, token_ends)]))
         return [
-            ChunkResult(sampled.get(i), [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [])
-            for i, c in enumerate(chunks)
+            ChunkResult([next(sampled) for _ in c.sampling], [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [])
+            for c in chunks
         ]
 
     def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:

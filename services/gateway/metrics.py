@@ -57,8 +57,14 @@ class _PoolCollector(Collector):
         prefix_hits = CounterMetricFamily(
             "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=labels
         )
+        speculation = {
+            field: CounterMetricFamily(f"ember_spec_decode_{field.removeprefix('spec_')}", help_text, labels=labels)
+            for field, help_text in _SPECULATION_COUNTERS.items()
+        }
         for engine in self._pool.snapshots():
             key, stats = [engine.model_name, engine.address], engine.stats
+            for field, family in speculation.items():
+                family.add_metric(key, getattr(stats, field))
             running.add_metric(key, stats.num_running)
             waiting.add_metric(key, stats.num_waiting)
             queued_tokens.add_metric(key, stats.num_queued_prefill_tokens)
@@ -88,8 +94,16 @@ class _PoolCollector(Collector):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
             running, waiting, queued_tokens, kv_usage, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
-            routing, migrations, expert_tokens,
+            routing, migrations, expert_tokens, *speculation.values(),
         )
+
+
+_SPECULATION_COUNTERS = {  # EngineStats field -> help; the metrics vLLM's spec-decode counters name
+    "spec_num_drafts": "Sequence-steps that verified speculative draft tokens.",
+    "spec_num_draft_tokens": "Speculative draft tokens proposed and verified.",
+    "spec_num_accepted_tokens": "Speculative draft tokens accepted.",
+    "spec_num_emitted_tokens": "Tokens the verifying steps appended: accepted drafts plus the token after them.",
+}
 
 
 class GatewayMetrics:

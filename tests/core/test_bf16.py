@@ -139,8 +139,8 @@ def test_logits_are_as_close_to_float32_as_transformers_bfloat16(case: str, tmp_
     model = load_model(str(tmp_path), torch.device("cpu"), torch.bfloat16).model
     runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE)
     table = list(range(-(-len(prompt) // BLOCK_SIZE)))
-    prefill = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[:-1], 0, [table], None)]))
-    decode = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[-1:], len(prompt) - 1, [table], None)]))
+    prefill = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[:-1], 0, [table])]))
+    decode = model.compute_logits(runner.forward_hidden([SequenceChunk(prompt[-1:], len(prompt) - 1, [table])]))
     ember = torch.cat([prefill, decode]).float()
     assert ember.dtype is torch.float32 and model.norm.weight.dtype is torch.bfloat16
     transformers_error = (hf_bf16 - reference).abs().max().item()

@@ -42,9 +42,9 @@ def _prefilled_decode_step(runner: ModelRunner, vocab_size: int):
         tables.append([list(range(first + g * blocks_each, first + (g + 1) * blocks_each)) for g in range(num_groups)])
     for length, table in zip(CONTEXT_LENGTHS, tables):
         prompt = torch.randint(vocab_size, (length,), generator=generator).tolist()
-        runner.forward_hidden([SequenceChunk(prompt, 0, table, None, num_prompt_tokens=length)])
+        runner.forward_hidden([SequenceChunk(prompt, 0, table, num_prompt_tokens=length)])
     next_tokens = torch.randint(vocab_size, (len(tables),), generator=generator).tolist()
-    chunks = [SequenceChunk([t], n, table, None, num_prompt_tokens=n) for t, n, table in zip(next_tokens, CONTEXT_LENGTHS, tables)]
+    chunks = [SequenceChunk([t], n, table, num_prompt_tokens=n) for t, n, table in zip(next_tokens, CONTEXT_LENGTHS, tables)]
     return runner.prepare(chunks)
 
 
@@ -107,9 +107,9 @@ def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not(family: str
     groups = len(runner.layout.group_windows)
     table, other = [[1 + 3 * g, 2 + 3 * g, 3 + 3 * g] for g in range(groups)], [[20 + g] for g in range(groups)]
     steps = {
-        "prefill": [SequenceChunk([3, 4, 5], 0, table, None, num_prompt_tokens=3)],
-        "decode": [SequenceChunk([6], 3, table, None, num_prompt_tokens=3)],
-        "mixed": [SequenceChunk([7], 4, table, None, num_prompt_tokens=3), SequenceChunk([8, 9], 0, other, None)],
+        "prefill": [SequenceChunk([3, 4, 5], 0, table, num_prompt_tokens=3)],
+        "decode": [SequenceChunk([6], 3, table, num_prompt_tokens=3)],
+        "mixed": [SequenceChunk([7], 4, table, num_prompt_tokens=3), SequenceChunk([8, 9], 0, other)],
     }
     calls = {}
     fused_layer = f"{cpu_ops.active_instruction_set().op_namespace}::decoder_layer_"

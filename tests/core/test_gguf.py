@@ -526,7 +526,7 @@ def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers
         blocks = list(range(num_tokens // 8))
         runner = ModelRunner(model, num_blocks=len(blocks), block_size=8)
         with torch.inference_mode():
-            chunks = [SequenceChunk(prompt, 0, [blocks], None), SequenceChunk(prompt[-5:], num_tokens - 5, [blocks], None)]
+            chunks = [SequenceChunk(prompt, 0, [blocks]), SequenceChunk(prompt[-5:], num_tokens - 5, [blocks])]
             logits[keep_blocks] = [model.compute_logits(runner.forward_hidden([chunk])) for chunk in chunks]
         torch.testing.assert_close(logits[keep_blocks][0], expected, rtol=0, atol=1e-4)
         torch.testing.assert_close(logits[keep_blocks][1], expected[-5:], rtol=0, atol=1e-4)

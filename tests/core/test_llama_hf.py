@@ -129,7 +129,7 @@ def test_logits_match_transformers_in_a_mixed_batch(checkpoint: tuple[Path, tran
         for index, count in enumerate(step):
             if count:
                 start = done[index]
-                chunks.append(SequenceChunk(prompts[index][start : start + count], start, [tables[index]], None))
+                chunks.append(SequenceChunk(prompts[index][start : start + count], start, [tables[index]]))
                 owners.append(index)
                 done[index] += count
         with torch.inference_mode():
