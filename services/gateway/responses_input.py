@@ -85,8 +85,6 @@ def chat_request(
     instructions = [ChatMessage(role="developer", content=body.instructions)] if body.instructions is not None else []
     if tool_choice not in ("none", "auto") and not tools:
         raise ApiError(400, "tool_choice asks for a call, but no tools are given", param="tool_choice")
-    if isinstance(tool_choice, ToolChoiceFunction) and tool_choice.name not in {tool.name for tool in tools}:
-        raise ApiError(400, f"tool_choice names no function among the tools: {tool_choice.name!r}", param="tool_choice")
     return ChatCompletionRequest(
         model=body.model,
         messages=instructions + _messages(body.input),
@@ -164,11 +162,11 @@ def _item(raw: dict[str, Any], param: str) -> _Message | _FunctionCall | _Functi
     parts = raw.get("content") if kind == "message" and isinstance(raw.get("content"), list) else []
     for part_index, part in enumerate(parts):
         part_kind = part.get("type") if isinstance(part, dict) else None
-        if part_kind in _NOT_READ:
+        if isinstance(part_kind, str) and part_kind in _NOT_READ:
             raise ApiError(400, f"{part_kind}: {_NOT_READ[part_kind]}", param=f"{param}.content[{part_index}].type")
-    if kind in _NOT_READ:
+    if isinstance(kind, str) and kind in _NOT_READ:
         raise ApiError(400, f"{kind} items: {_NOT_READ[kind]}", param=f"{param}.type")
-    if kind not in _ITEMS:
+    if not isinstance(kind, str) or kind not in _ITEMS:
         raise ApiError(400, f"an input item is a message, function_call or function_call_output, not {kind!r}",
                        param=f"{param}.type")
     try:

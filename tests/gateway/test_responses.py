@@ -220,6 +220,10 @@ async def test_text_format_and_priority_reach_the_engine(gateway: Gateway, fake_
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"type": "computer_call_output"}]}, "input[0].type"),
+        ({"input": [{"type": ["message"]}]}, "input[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": {}}]}]}, "input[0].content[0].type"),
+        ({"input": [{"role": "user", "content": None}]}, "input[0].content"),
+        ({"input": ["hi"]}, "input[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
@@ -268,3 +272,21 @@ async def test_a_stream_that_fails_after_its_200_ends_with_response_failed(fake_
     assert failed["response"]["error"]["code"] == "server_error"
     assert "timeout" in failed["response"]["error"]["message"]
     assert [item["type"] for item in failed["response"]["output"]] == ["message"]
+
+
+@pytest.mark.parametrize(("parallel", "num_calls"), [(True, 2), (False, 1)])
+async def test_calls_apart_by_whitespace_make_no_message(replying_gateway, parallel: bool, num_calls: int):
+    other = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    _, gateway = await replying_gateway(
+        f"<tool_call>{json.dumps(CALL)}</tool_call>\n<tool_call>{json.dumps(other)}</tool_call>\n{EOS}"
+    )
+    body = create(tools=[WEATHER], parallel_tool_calls=parallel)
+    status, response = await gateway.post("/v1/responses", body)
+    assert status == 200 and [item["type"] for item in response["output"]] == ["function_call"] * num_calls
+    events = await stream(gateway, body)
+    assert [event["type"] for event in events] == [
+        "response.created", "response.in_progress", *CALL_EVENTS * num_calls, "response.completed"
+    ]
+    streamed = [json.loads(item["arguments"]) for item in events[-1]["response"]["output"]]
+    assert streamed == [json.loads(item["arguments"]) for item in response["output"]]
+    assert len({item["call_id"] for item in events[-1]["response"]["output"]}) == num_calls
