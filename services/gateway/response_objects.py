@@ -49,6 +49,9 @@ class ToolChoiceFunction(Shape, tag="function", tag_field="type"):
     name: str
 
 
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction
+
+
 class InputTokensDetails(Shape):
     cached_tokens: int  # 0: the gateway does not learn how much of a prompt an engine had cached
     cache_write_tokens: int
@@ -96,7 +99,7 @@ class Response(Shape):
     temperature: float
     top_p: float
     text: ResponseText
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction
+    tool_choice: ToolChoice
     tools: list[FunctionTool]
     truncation: Literal["disabled"]
     metadata: Metadata

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Literal
 
 from aiohttp import web
 
@@ -18,7 +17,7 @@ from ember_gateway.errors import ApiError, internal_error
 from ember_gateway.generation import Generation
 from ember_gateway.intake import accept
 from ember_gateway.respond import answer_json, open_event_stream, start_generation
-from ember_gateway.response_objects import FunctionTool, Response, ResponseEvent, ToolChoiceFunction
+from ember_gateway.response_objects import FunctionTool, Response, ResponseEvent, ToolChoice
 from ember_gateway.responses_input import chat_request, tool_choice_of, tools_of
 from ember_gateway.responses_output import ResponseEcho, output_items, usage
 from ember_gateway.responses_stream import ResponseEvents
@@ -50,12 +49,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return await answer_json(request, _answer(generation, echo, plan))
 
 
-def _plan(
-    body: ResponsesRequest,
-    model: ServedModel,
-    tools: list[FunctionTool],
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction,
-) -> ChatPlan:
+def _plan(body: ResponsesRequest, model: ServedModel, tools: list[FunctionTool], tool_choice: ToolChoice) -> ChatPlan:
     """The chat plan of body, its errors naming the Responses API's fields."""
     try:
         return plan_chat(chat_request(body, tools, tool_choice), model)

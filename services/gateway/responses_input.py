@@ -16,7 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from ember_gateway.errors import ApiError
-from ember_gateway.response_objects import FunctionTool, ToolChoiceFunction
+from ember_gateway.response_objects import FunctionTool, ToolChoice, ToolChoiceFunction
 from ember_gateway.schemas import (
     ChatCompletionRequest,
     ChatMessage,
@@ -76,9 +76,7 @@ _NOT_READ = {  # content parts and items ember's text models cannot take, and wh
 }
 
 
-def chat_request(
-    body: ResponsesRequest, tools: list[FunctionTool], tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction
-) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest, tools: list[FunctionTool], tool_choice: ToolChoice) -> ChatCompletionRequest:
     """body, with its tools_of and tool_choice_of, as the chat completion it asks for; a 400 naming
     the field for what ember does not do."""
     _reject_unsupported(body)
@@ -105,7 +103,7 @@ def tools_of(body: ResponsesRequest) -> list[FunctionTool]:
     return [_tool(tool, index) for index, tool in enumerate(body.tools or [])]
 
 
-def tool_choice_of(body: ResponsesRequest) -> Literal["none", "auto", "required"] | ToolChoiceFunction:
+def tool_choice_of(body: ResponsesRequest) -> ToolChoice:
     choice = body.tool_choice
     if choice is None:
         return "auto"
@@ -130,7 +128,8 @@ def _reject_unsupported(body: ResponsesRequest) -> None:
     if body.include:
         raise ApiError(400, "ember includes no extra output data: leave include out", param="include")
     if body.top_logprobs:
-        raise ApiError(400, "ember does not implement logprobs in responses: use chat completions", param="top_logprobs")
+        raise ApiError(400, "ember does not implement logprobs in responses: use chat completions",
+                       param="top_logprobs")
     if body.truncation == "auto":
         raise ApiError(400, "ember does not truncate input: send truncation \"disabled\" or leave it out",
                        param="truncation")
@@ -145,7 +144,8 @@ def _messages(input_: str | list[dict[str, Any]]) -> list[ChatMessage]:
         if isinstance(item, _Message):
             messages.append(ChatMessage(role=item.role, content=_content(item.content)))
         elif isinstance(item, _FunctionCall):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "type": "function", "function": function}
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":  # the same turn: its text, then its calls
                 last.tool_calls = [*(last.tool_calls or []), call]
@@ -196,10 +196,12 @@ def _tool(tool: dict[str, Any], index: int) -> FunctionTool:
 
 def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
     function = {"name": tool.name, "parameters": tool.parameters or {"type": "object"}, "strict": tool.strict}
-    return {"type": "function", "function": {**function, **({"description": tool.description} if tool.description else {})}}
+    if tool.description:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
 
 
-def _chat_tool_choice(choice: str | ToolChoiceFunction) -> str | dict[str, Any]:
+def _chat_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     if isinstance(choice, ToolChoiceFunction):
         return {"type": "function", "function": {"name": choice.name}}
     return choice

@@ -24,7 +24,7 @@ from ember_gateway.response_objects import (
     Response,
     ResponseError,
     ResponseUsage,
-    ToolChoiceFunction,
+    ToolChoice,
 )
 from ember_gateway.schemas import ResponsesRequest
 from ember_gateway.tools import ToolPlan, parse_calls
@@ -77,7 +77,7 @@ class ResponseEcho:
     model: str
     body: ResponsesRequest
     tools: list[FunctionTool]
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction
+    tool_choice: ToolChoice
 
     def __call__(
         self,
