@@ -3,7 +3,8 @@
 Unknown fields are ignored. Fields OpenAI defines that ember does not implement (tool_choice,
 best_of, suffix), and vLLM's extensions it does not implement (beam search, bad_words, ...), are
 accepted at their no-op values, which SDKs and frameworks send, and any other value is a 400.
-Output constraints (response_format, structured_outputs, guided_*) are read by constraints.py.
+Output constraints (response_format, structured_outputs, guided_*) are read by constraints.py; the
+Responses API's input items, tools and unimplemented fields by responses_input.py.
 """
 
 from __future__ import annotations
