@@ -22,6 +22,7 @@ from ember_gateway.metrics import GatewayMetrics
 from ember_gateway.openapi import openapi_document
 from ember_gateway.respond import json_response
 from ember_gateway.responses import Health, Model, ModelList
+from ember_gateway.responses_api import create_response
 from ember_gateway.state import STATE, GatewayState
 from ember_gateway.tokenize import detokenize, tokenize
 
@@ -49,6 +50,7 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
         [
             web.post("/v1/completions", create_completion, expect_handler=expect),
             web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
+            web.post("/v1/responses", create_response, expect_handler=expect),
             web.post("/tokenize", tokenize, expect_handler=expect),
             web.post("/detokenize", detokenize, expect_handler=expect),
             web.get("/v1/models", list_models),

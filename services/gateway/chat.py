@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from ember_core.output_processor import ChoiceRequest
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.formats import ChatFormat
@@ -25,6 +27,30 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     state, model, body = await accept(request, ChatCompletionRequest)
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs to be true", param="top_logprobs")
+    plan = plan_chat(body, model)
+    return await respond(
+        request,
+        state,
+        model,
+        ChatFormat(model.tokenizer, bool(body.logprobs), body.return_token_ids, plan.tools),
+        request_id=f"chatcmpl-{uuid.uuid4().hex}",
+        arrived_at=arrived_at,
+        choices=plan.choices,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
+        prompt_tokens=plan.prompt_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    tools: ToolPlan | None  # None: the output is text
+    prompt_tokens: int
+    choices: list[ChoiceRequest]
+
+
+def plan_chat(body: ChatCompletionRequest, model: ServedModel) -> ChatPlan:
+    """A conversation's tools, prompt and engine requests (chat's, and the Responses API's in chat's form)."""
     tools = tool_plan(body, model.tokenizer.chat_template if model.tokenizer is not None else None)
     prompt_ids = render_prompt(body, model, tools)
     choices = build_choices(
@@ -37,18 +63,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         tool_constraint=None if tools is None else tool_constraint(tools),
         keep_special_tokens=tools is not None and tools.reads_control_tokens,
     )
-    return await respond(
-        request,
-        state,
-        model,
-        ChatFormat(model.tokenizer, bool(body.logprobs), body.return_token_ids, tools),
-        request_id=f"chatcmpl-{uuid.uuid4().hex}",
-        arrived_at=arrived_at,
-        choices=choices,
-        stream=bool(body.stream),
-        include_usage=bool(body.stream and body.stream_options and body.stream_options.include_usage),
-        prompt_tokens=len(prompt_ids),
-    )
+    return ChatPlan(tools, len(prompt_ids), choices)
 
 
 def render_prompt(

@@ -5,11 +5,12 @@ the Structs of responses.py."""
 from __future__ import annotations
 
 from importlib.metadata import version
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 from aiohttp import web
 
+from ember_gateway.response_objects import Response, ResponseEvent
 from ember_gateway.responses import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -22,12 +23,19 @@ from ember_gateway.responses import (
     ModelList,
     TokenizeResponse,
 )
-from ember_gateway.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ember_gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
 
 _REF = "#/components/schemas/{name}"
 _STRUCTS = (
-    ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse, ChatCompletion,
-    ChatCompletionChunk, Completion, CompletionChunk, Model, ModelList, Health, TokenizeResponse, DetokenizeResponse,
+    ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse,
+    ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Response, *get_args(ResponseEvent), Model,
+    ModelList, Health, TokenizeResponse, DetokenizeResponse,
 )
 _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "5XX": {"$ref": "#/components/responses/Error"}}
 
@@ -48,13 +56,30 @@ def _event(chunk: type[msgspec.Struct]) -> dict[str, Any]:
     return {"type": "object", "required": ["data"], "properties": {"data": {"anyOf": [{"const": "[DONE]"}, payload]}}}
 
 
+def _typed_event() -> dict[str, Any]:
+    """One event of a Responses stream: named by its type, its data one of the Responses events."""
+    events = [_ref(event) for event in get_args(ResponseEvent)]
+    payload = {"type": "string", "contentMediaType": "application/json", "contentSchema": {"anyOf": events}}
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string"}, "data": payload}}
+
+
 def _post(
-    summary: str, body: type[msgspec.Struct], answer: type[msgspec.Struct], chunk: type[msgspec.Struct] | None = None
+    summary: str,
+    body: type[msgspec.Struct],
+    answer: type[msgspec.Struct],
+    chunk: type[msgspec.Struct] | None = None,
+    typed_events: bool = False,
 ) -> dict[str, Any]:
+    """chunk: a stream sends these, then `[DONE]`; typed_events: a stream sends the Responses events."""
     ok = _json(answer, "The result")
     if chunk is not None:
         ok["description"] = f"The result; with stream: true, server-sent events of {chunk.__name__}, then `data: [DONE]`"
         ok["content"]["text/event-stream"] = {"schema": _event(chunk)}
+    if typed_events:
+        ok["description"] = ("The result; with stream: true, server-sent events named by their type, from "
+                             "response.created to response.completed, response.incomplete or response.failed")
+        ok["content"]["text/event-stream"] = {"schema": _typed_event()}
     return {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(body)}}},
@@ -75,12 +100,16 @@ def build_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "ember gateway", "version": version("ember"),
-                 "description": "OpenAI-compatible LLM inference: completions, chat completions, models."},
+                 "description": "OpenAI-compatible LLM inference: completions, chat completions, responses, models."},
         "security": [{"apiKey": []}, {}],  # a key only when the gateway is started with one
         "paths": {
             "/v1/completions": {"post": _post("Complete a prompt", CompletionRequest, Completion, CompletionChunk)},
             "/v1/chat/completions": {
                 "post": _post("Answer a conversation", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk)
+            },
+            "/v1/responses": {
+                "post": _post("Respond to input items (OpenAI's Responses API, stateless)", ResponsesRequest,
+                              Response, typed_events=True)
             },
             "/tokenize": {"post": _post("A prompt or messages as the model's token ids", TokenizeRequest,
                                         TokenizeResponse)},

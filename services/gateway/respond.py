@@ -1,13 +1,14 @@
 """The steps after the plan, which completions and chat share: submit the choices (a Generation),
 take their updates, shape them as the API's bodies or chunks (its ApiShape, formats.py), and answer
-with one JSON body or an SSE stream."""
+with one JSON body or an SSE stream. The Responses API (responses_api.py) shapes its own events, on
+the same generation, JSON answer and stream opening."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,7 +16,7 @@ import msgspec
 from aiohttp import web
 from msgspec import UNSET, UnsetType
 
-from ember_core.output_processor import ChoiceRequest, ChoiceResult
+from ember_core.output_processor import ChoiceRequest, ChoiceResult, ChoiceUpdate
 from ember_gateway.connections import client_half_closed
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError, internal_error
@@ -44,7 +45,19 @@ async def respond(
     include_usage: bool,
     prompt_tokens: int,
 ) -> web.StreamResponse:
-    generation = Generation(
+    generation = start_generation(state, model, request_id=request_id, arrived_at=arrived_at, choices=choices)
+    envelope = _Envelope(request_id, int(time.time()), model.name, prompt_tokens)
+    with generation:
+        if stream:
+            return await _stream(request, generation, api_shape, envelope, len(choices), include_usage)
+        return await answer_json(request, _answer(generation, api_shape, envelope, len(choices)))
+
+
+def start_generation(
+    state: GatewayState, model: ServedModel, *, request_id: str, arrived_at: float, choices: list[ChoiceRequest]
+) -> Generation:
+    """The engine requests of choices, under the gateway's timeout and limit (submitted on entering it)."""
+    return Generation(
         state.pool,
         model,
         state.metrics,
@@ -54,24 +67,42 @@ async def respond(
         timeout=state.config.request_timeout,
         max_pending=state.config.max_pending,
     )
-    envelope = _Envelope(request_id, int(time.time()), model.name, prompt_tokens)
-    with generation:
-        if stream:
-            return await _stream(request, generation, api_shape, envelope, len(choices), include_usage)
-        answer = asyncio.ensure_future(_answer(generation, api_shape, envelope, len(choices)))
-        try:
-            response = await _await_or_heartbeat(request, answer, lambda: _open_json(request), b" ")
-        finally:
-            answer.cancel()
-        if response is None:
-            return json_response(answer.result())
-        try:
-            body = answer.result()
-        except ApiError as exc:  # the 200 is sent: the error is the body
-            body = exc.body()
-        await response.write(msgspec.json.encode(body))
-        await response.write_eof()
-        return response
+
+
+async def answer_json(request: web.Request, answer: Coroutine[Any, Any, Any]) -> web.StreamResponse:
+    """The body answer computes, as one JSON response (an ApiError: its status and error body)."""
+    pending = asyncio.ensure_future(answer)
+    try:
+        response = await _await_or_heartbeat(request, pending, lambda: _open_json(request), b" ")
+    finally:
+        pending.cancel()
+    if response is None:
+        return json_response(pending.result())
+    try:
+        body = pending.result()
+    except ApiError as exc:  # the 200 is sent: the error is the body
+        body = exc.body()
+    await response.write(msgspec.json.encode(body))
+    await response.write_eof()
+    return response
+
+
+async def open_event_stream(
+    request: web.Request, generation: Generation
+) -> tuple[web.StreamResponse, asyncio.Future[ChoiceUpdate | None]]:
+    """The 200 stream and the generation's first update, whose result() raises what the engine said.
+    The first output is awaited before committing to a 200, so a request the engine rejects still
+    gets its proper status (unless the client shut its side meanwhile: its error is then the
+    stream's to send)."""
+    first = asyncio.ensure_future(generation.next_update())
+    try:
+        response = await _await_or_heartbeat(request, first, lambda: open_stream(request), b": waiting\n\n")
+    finally:
+        first.cancel()
+    if response is None:
+        first.result()  # an engine's refusal: raised as its HTTP status
+        response = await open_stream(request)
+    return response, first
 
 
 async def _answer(
@@ -154,16 +185,7 @@ async def _stream(
     num_choices: int,
     include_usage: bool,
 ) -> web.StreamResponse:
-    # Wait for the first output before committing to a 200 stream, so a request the engine
-    # rejects still gets its proper status (unless the client shut its side meanwhile).
-    first = asyncio.ensure_future(generation.next_update())
-    try:
-        response = await _await_or_heartbeat(request, first, lambda: open_stream(request), b": waiting\n\n")
-    finally:
-        first.cancel()
-    if response is None:
-        first.result()  # an engine's refusal: raised as its HTTP status
-        response = await open_stream(request)
+    response, first = await open_event_stream(request, generation)
     # include_usage: null on every chunk, then a last chunk with the usage (as OpenAI streams)
     chunk_usage = None if include_usage else UNSET
 

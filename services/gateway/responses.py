@@ -13,30 +13,30 @@ from msgspec import UNSET, UnsetType
 FinishLabel = Literal["stop", "length", "tool_calls"]
 
 
-class _Shape(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class Shape(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A response object: exactly these fields (additionalProperties false in the document)."""
 
 
-class ErrorDetail(_Shape):
+class ErrorDetail(Shape):
     message: str
     type: str
     param: str | None
     code: str | None
 
 
-class ErrorResponse(_Shape):
+class ErrorResponse(Shape):
     """Every 4xx and 5xx body, as OpenAI's; a stream that fails after its 200 sends it as an event."""
 
     error: ErrorDetail
 
 
-class Usage(_Shape):
+class Usage(Shape):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-class TopLogprob(_Shape):
+class TopLogprob(Shape):
     token: str
     logprob: float
     bytes: list[int] | None  # null without a tokenizer
@@ -46,23 +46,23 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class ChatLogprobs(_Shape):
+class ChatLogprobs(Shape):
     content: list[TokenLogprob] | None
     refusal: list[TokenLogprob] | None
 
 
-class FunctionCall(_Shape):
+class FunctionCall(Shape):
     name: str
     arguments: str  # JSON text
 
 
-class ToolCall(_Shape):
+class ToolCall(Shape):
     id: str
     type: Literal["function"]
     function: FunctionCall
 
 
-class ToolCallChunk(_Shape):
+class ToolCallChunk(Shape):
     """A stream sends each call whole, once complete."""
 
     index: int  # first, as in OpenAI's streams (a subclass of ToolCall would put it last)
@@ -71,14 +71,14 @@ class ToolCallChunk(_Shape):
     function: FunctionCall
 
 
-class ChatCompletionMessage(_Shape):
+class ChatCompletionMessage(Shape):
     role: Literal["assistant"]
     content: str | None
     refusal: None
     tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
-class ChatCompletionChoice(_Shape):
+class ChatCompletionChoice(Shape):
     index: int
     message: ChatCompletionMessage
     logprobs: ChatLogprobs | None
@@ -86,7 +86,7 @@ class ChatCompletionChoice(_Shape):
     token_ids: list[int] | UnsetType = UNSET  # with return_token_ids
 
 
-class ChatCompletion(_Shape):
+class ChatCompletion(Shape):
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -95,13 +95,13 @@ class ChatCompletion(_Shape):
     usage: Usage
 
 
-class ChatCompletionDelta(_Shape):
+class ChatCompletionDelta(Shape):
     role: Literal["assistant"] | UnsetType = UNSET  # the first chunk of each choice
     content: str | UnsetType = UNSET
     tool_calls: list[ToolCallChunk] | UnsetType = UNSET
 
 
-class ChatCompletionChunkChoice(_Shape):
+class ChatCompletionChunkChoice(Shape):
     index: int
     delta: ChatCompletionDelta
     logprobs: ChatLogprobs | None
@@ -109,7 +109,7 @@ class ChatCompletionChunkChoice(_Shape):
     token_ids: list[int] | UnsetType = UNSET
 
 
-class ChatCompletionChunk(_Shape):
+class ChatCompletionChunk(Shape):
     """One `data:` event of a chat stream; with stream_options.include_usage every chunk has usage
     null, and a last chunk with no choices has the usage."""
 
@@ -121,7 +121,7 @@ class ChatCompletionChunk(_Shape):
     usage: Usage | None | UnsetType = UNSET
 
 
-class CompletionLogprobs(_Shape):
+class CompletionLogprobs(Shape):
     """An echoed prompt's first token has null logprobs: nothing precedes it."""
 
     tokens: list[str]
@@ -139,7 +139,7 @@ class CompletionLogprobs(_Shape):
         )
 
 
-class CompletionChoice(_Shape):
+class CompletionChoice(Shape):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
@@ -147,7 +147,7 @@ class CompletionChoice(_Shape):
     token_ids: list[int] | UnsetType = UNSET
 
 
-class Completion(_Shape):
+class Completion(Shape):
     id: str
     object: Literal["text_completion"]
     created: int
@@ -156,7 +156,7 @@ class Completion(_Shape):
     usage: Usage
 
 
-class CompletionChunkChoice(_Shape):
+class CompletionChunkChoice(Shape):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
@@ -164,7 +164,7 @@ class CompletionChunkChoice(_Shape):
     token_ids: list[int] | UnsetType = UNSET
 
 
-class CompletionChunk(_Shape):
+class CompletionChunk(Shape):
     """One `data:` event of a completions stream; usage as in ChatCompletionChunk."""
 
     id: str
@@ -175,7 +175,7 @@ class CompletionChunk(_Shape):
     usage: Usage | None | UnsetType = UNSET
 
 
-class Model(_Shape):
+class Model(Shape):
     id: str
     object: Literal["model"]
     created: int
@@ -183,12 +183,12 @@ class Model(_Shape):
     max_model_len: int
 
 
-class ModelList(_Shape):
+class ModelList(Shape):
     object: Literal["list"]
     data: list[Model]
 
 
-class Health(_Shape):
+class Health(Shape):
     """model and engine_id: the first engine taking requests; models and engines: all of them."""
 
     status: Literal["ok"]
@@ -198,12 +198,12 @@ class Health(_Shape):
     engines: list[str]
 
 
-class TokenizeResponse(_Shape):
+class TokenizeResponse(Shape):
     count: int
     max_model_len: int
     tokens: list[int]
     token_strs: list[str] | None  # with return_token_strs
 
 
-class DetokenizeResponse(_Shape):
+class DetokenizeResponse(Shape):
     prompt: str

@@ -3,7 +3,8 @@
 Unknown fields are ignored. Fields OpenAI defines that ember does not implement (tool_choice,
 best_of, suffix), and vLLM's extensions it does not implement (beam search, bad_words, ...), are
 accepted at their no-op values, which SDKs and frameworks send, and any other value is a 400.
-Output constraints (response_format, structured_outputs, guided_*) are read by constraints.py.
+Output constraints (response_format, structured_outputs, guided_*) are read by constraints.py; the
+Responses API's input items, tools and unimplemented fields by responses_input.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from ember_core import sampling_limits as limits
 from ember_gateway.errors import ApiError
@@ -133,9 +134,66 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[limits.TOKEN_ID.type]
 
 
+class PlainTextFormat(msgspec.Struct, tag="text", tag_field="type"):
+    pass
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type"):
+    pass
+
+
+class JsonSchemaFormat(msgspec.Struct, tag="json_schema", tag_field="type", kw_only=True):
+    name: Annotated[str, Meta(pattern="^[A-Za-z0-9_-]{1,64}$")]
+    schema: dict[str, Any]
+    strict: bool | None = None
+    description: str | UnsetType = UNSET
+
+
+class ResponseText(msgspec.Struct, kw_only=True):
+    """The Responses API's `text` (a Response echoes it): its `format` is chat's response_format, flattened."""
+
+    format: PlainTextFormat | JsonObjectFormat | JsonSchemaFormat = msgspec.field(default_factory=PlainTextFormat)
+    verbosity: Literal["low", "medium", "high"] | None | UnsetType = UNSET  # a hint ember's models do not take
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Meta(max_length=64)], Annotated[str, Meta(max_length=512)]], Meta(max_length=16)
+]
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's Responses API, stateless: the whole conversation is the `input` (a string, or items
+    read by responses_input.py). Tools are OpenAI's flat function tools, checked there too."""
+
+    model: str
+    input: str | Annotated[list[dict[str, Any]], Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: limits.TEMPERATURE.type | None = None
+    top_p: limits.TOP_P.type | None = None
+    text: ResponseText = msgspec.field(default_factory=ResponseText)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    metadata: Metadata | None = None
+    user: str | UnsetType = UNSET  # a Response echoes it, or leaves it out
+    stream: bool = False
+    priority: limits.PRIORITY.type = 0  # vLLM's: lower runs first; the engine's --scheduling-policy priority
+    # the state ember does not keep: only their no-op values pass (responses_input.py)
+    store: bool | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    conversation: Any = None
+    # not implemented: only their no-op values pass
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+
 _DECODERS = {
     body_type: msgspec.json.Decoder(body_type)
-    for body_type in (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+    for body_type in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 }
 
 
@@ -145,13 +203,7 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
     try:
         body = _DECODERS[body_type].decode(raw)
     except msgspec.ValidationError as exc:
-        message, _, location = str(exc).partition(" - at `$")
-        location = location.rstrip("`").lstrip(".")
-        if location:
-            message = f"{message} (at `{location}`)"
-        missing = _MISSING_FIELD.fullmatch(message)
-        param = f"{location}.{missing[1]}".lstrip(".") if missing else location
-        raise ApiError(400, f"invalid request: {message}", param=param or None) from None
+        raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {_decode_error_message(raw, exc)}") from None
     except RecursionError:  # msgspec decodes nesting recursively: thousands of levels deep
@@ -159,6 +211,17 @@ def decode_body(raw: bytes, body_type: type[Body]) -> Body:
     if isinstance(body, GenerationRequest):
         reject_unsupported_values(body)
     return body
+
+
+def validation_error(exc: msgspec.ValidationError, within: str = "") -> ApiError:
+    """msgspec's complaint as a 400 naming the field; within: where the checked value sits in the body."""
+    message, _, location = str(exc).partition(" - at `$")
+    location = f"{within}{location.rstrip('`')}".lstrip(".")
+    if location:
+        message = f"{message} (at `{location}`)"
+    missing = _MISSING_FIELD.fullmatch(message)
+    param = f"{location}.{missing[1]}".lstrip(".") if missing else location
+    return ApiError(400, f"invalid request: {message}", param=param or None)
 
 
 # a high surrogate escape not followed by a low one, or a low one not preceded by a high one

@@ -1,4 +1,5 @@
-"""Server-sent events as OpenAI streams them: `data: {json}` blocks, then `data: [DONE]`."""
+"""Server-sent events as OpenAI streams them: `data: {json}` blocks, then `data: [DONE]` (the
+Responses API names its events and sends no `[DONE]`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ DONE = b"data: [DONE]\n\n"
 _encoder = msgspec.json.Encoder()
 
 
-def sse_event(payload: Any) -> bytes:
-    return b"data: " + _encoder.encode(payload) + b"\n\n"
+def sse_event(payload: Any, name: str | None = None) -> bytes:
+    """`data: JSON`, after `event: NAME` when named (the Responses API names each event by its type)."""
+    head = b"" if name is None else b"event: " + name.encode() + b"\n"
+    return head + b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
 async def open_stream(request: web.Request) -> web.StreamResponse:

@@ -41,6 +41,7 @@ from ember_proto import (
 )
 
 EOS = "<|endoftext|>"
+MODEL_STOP_TOKEN_IDS = (256,)  # EOS's id
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -137,7 +138,7 @@ class FakeEngine:
 
     def card(self) -> ModelCard:
         spec = b"" if self.tokenizer_spec is None else msgspec.msgpack.encode(self.tokenizer_spec)
-        return ModelCard("fake-model", self.max_model_len, self.vocab_size, [256], spec, 1700000000)
+        return ModelCard("fake-model", self.max_model_len, self.vocab_size, list(MODEL_STOP_TOKEN_IDS), spec, 1700000000)
 
     async def _run(self) -> None:
         assert self._socket is not None
@@ -199,7 +200,8 @@ class FakeEngine:
             token = self.reply_ids[running.produced % len(self.reply_ids)]
             running.produced += 1
             finish = None
-            if token in sampling.stop_token_ids:
+            # as an engine does: the model's EOS ends a reply too, unless ignore_eos
+            if token in sampling.stop_token_ids or (token in MODEL_STOP_TOKEN_IDS and not sampling.ignore_eos):
                 finish = FinishReason.STOP
             elif running.produced >= sampling.max_tokens:
                 finish = FinishReason.LENGTH

@@ -38,7 +38,7 @@ def test_every_route_is_described_and_every_description_is_a_route():
     for path, method in described - {("/metrics", "get"), ("/openapi.json", "get")}:
         responses = DOCUMENT["paths"][path][method]["responses"]
         assert "application/json" in responses["200"]["content"] and {"4XX", "5XX"} <= set(responses), path
-    for path in ("/v1/completions", "/v1/chat/completions"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
         assert "text/event-stream" in DOCUMENT["paths"][path]["post"]["responses"]["200"]["content"]
 
 
