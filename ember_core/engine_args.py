@@ -53,6 +53,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--priority-aging-s", type=float, default=env_default("priority_aging_s", defaults.priority_aging_s),
                         help="under --scheduling-policy priority: a request waiting this long ranks ahead of all "
                              "that have not, whatever their priority (no request waits forever)")
+    parser.add_argument("--task", choices=["generate", "embed"], default=env_default("task", defaults.task),
+                        help="generate: completions, chat and embeddings; embed: embeddings only (generation "
+                             "requests are refused)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

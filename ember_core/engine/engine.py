@@ -14,6 +14,7 @@ import torch
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
+from ember_core.engine.embedding import add_pooled, embedding_bytes, pooled_rows
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.device import available_memory, resolve_device, resolve_dtype
@@ -25,10 +26,11 @@ from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
+from ember_core.pooling import dimensions_error
 from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
-from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
+from ember_proto import EmbedOptions, EngineStats, FinishReason, RequestDelta, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -108,13 +110,20 @@ class Engine:
         params: SamplingParams,
         arrival_time: float | None = None,
         output_token_ids: list[int] | tuple[int, ...] = (),
+        embed: EmbedOptions | None = None,
     ) -> None:
         """output_token_ids: what the request already generated on an engine that was lost. It
         continues after them as if it had never stopped: they count toward max_tokens, min_tokens and
         the penalties, and a seeded request samples the same tokens it would have. params.priority:
-        lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM)."""
+        lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM).
+        embed: the request wants its prompt's pooled embedding (params.max_tokens 0), which its
+        finishing delta carries."""
         if request_id in self._sequences:
             raise RequestRejected(f"request id {request_id!r} is already in flight")
+        if embed is None and self.config.task == "embed":
+            raise RequestRejected("this engine serves embeddings only (--task embed): it generates no tokens")
+        if embed is not None:
+            self._check_embed(embed, params)
         if not prompt_token_ids:
             raise RequestRejected("the prompt is empty")
         if params.priority and self.config.scheduling_policy != "priority":
@@ -146,6 +155,8 @@ class Engine:
             arrival_time=arrival_time or time.monotonic(),
         )
         seq.token_ids.extend(output_token_ids)
+        if embed is not None:
+            seq.pooling, seq.embed_dimensions = self.loaded.pooling.method, embed.dimensions
         try:
             self.scheduler.check_fits(seq)
         except ValueError as exc:
@@ -195,15 +206,33 @@ class Engine:
             return deltas
         results = self.runner.execute(self._chunks(decision))
         for seq, num_tokens, result in zip(decision.seqs, decision.num_scheduled_tokens, results):
+            add_pooled(seq, seq.num_computed_tokens, result.pooled)
             seq.num_computed_tokens += num_tokens
             self.scheduler.cache_computed_blocks(seq)
             seq.prompt_logprobs.extend(result.prompt_logprobs)
             if result.sampled is not None:
                 deltas.append(self._append_token(seq, result.sampled))
+            elif seq.pooling is not None and seq.num_computed_tokens == seq.num_tokens:
+                self.scheduler.finish(seq, FinishReason.STOP)
+                deltas.append(self._finished_delta(seq, [], embedding=embedding_bytes(seq, self.loaded.pooling)))
             elif seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
                 self.scheduler.finish(seq, FinishReason.LENGTH)
                 deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
         return deltas
+
+    def _check_embed(self, embed: EmbedOptions, params: SamplingParams) -> None:
+        if params.max_tokens != 0:
+            raise RequestRejected(f"an embedding request generates no tokens: max_tokens must be 0, got {params.max_tokens}")
+        if embed.dimensions is not None:
+            pooling = self.loaded.pooling
+            error = dimensions_error(embed.dimensions, self.hidden_size, pooling.matryoshka_dimensions)
+            if error is not None:
+                raise RequestRejected(error)
+
+    @property
+    def hidden_size(self) -> int:
+        """The values of an embedding: the model's final hidden state's."""
+        return self.loaded.model.config.hidden_size
 
     def _matcher(self, params: SamplingParams, output_token_ids: Sequence_[int]) -> Any:
         """The constraint's matcher, past the tokens generated before a resume."""
@@ -253,6 +282,7 @@ class Engine:
                     sampling=sampling,
                     scoring=_prompt_scoring(seq, start, num_tokens),
                     num_prompt_tokens=seq.num_prompt_tokens,
+                    pooled_rows=pooled_rows(seq, start, num_tokens),
                 )
             )
         return chunks
@@ -271,10 +301,15 @@ class Engine:
         return self._finished_delta(seq, [token.token_id], logprobs, prompt_logprobs)
 
     def _finished_delta(
-        self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None
+        self,
+        seq: Sequence,
+        new_token_ids: list[int],
+        logprobs: list | None = None,
+        prompt_logprobs: list | None = None,
+        embedding: bytes = b"",
     ) -> RequestDelta:
         self._sequences.pop(seq.request_id, None)
-        return _delta(seq, new_token_ids, logprobs or [], prompt_logprobs or [])
+        return _delta(seq, new_token_ids, logprobs or [], prompt_logprobs or [], embedding)
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
@@ -336,7 +371,11 @@ def _outside_vocabulary(token_ids: Iterable[object], vocab_size: int) -> list[ob
 
 
 def _delta(
-    seq: Sequence, new_token_ids: list[int], logprobs: list[TokenLogprob], prompt_logprobs: list[TokenLogprob]
+    seq: Sequence,
+    new_token_ids: list[int],
+    logprobs: list[TokenLogprob],
+    prompt_logprobs: list[TokenLogprob],
+    embedding: bytes = b"",
 ) -> RequestDelta:
     """What one step produced for one request (its finish reason once it has one)."""
     return RequestDelta(
@@ -346,4 +385,5 @@ def _delta(
         logprobs=logprobs,
         finish_reason=seq.finish_reason,
         prompt_logprobs=prompt_logprobs,
+        embedding=embedding,
     )

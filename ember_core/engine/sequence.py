@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ember_core.pooling import Pooling
 from ember_core.sampling_params import SamplingParams
 from ember_proto import FinishReason, TokenLogprob
 
@@ -37,6 +38,11 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     # llguidance's matcher of params.structured_outputs: what may come next, fed every token sampled
     matcher: Any = None
+    # An embedding request: how its prompt's final hidden states pool, its `dimensions`, and the
+    # pooled state of the chunks computed so far (a sum for mean pooling), a float32 tensor.
+    pooling: Pooling | None = None
+    embed_dimensions: int | None = None
+    pooled: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

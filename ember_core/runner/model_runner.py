@@ -140,8 +140,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: list[SequenceChunk]) -> list[ChunkResult]:
-        """Run one step: a sampled token for every chunk that ends its sequence's known tokens, and
-        the logprobs of the prompt tokens the chunks score."""
+        """Run one step: a sampled token for every chunk that ends its sequence's known tokens, the
+        logprobs of the prompt tokens the chunks score, and the hidden states embedding chunks pool."""
         hidden = self.forward_hidden(chunks)
         token_starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
         sampling_chunks = [i for i, c in enumerate(chunks) if c.sampling is not None]
@@ -151,8 +151,12 @@ class ModelRunner:
             sampled = dict(zip(sampling_chunks, sample(logits, [chunks[i].sampling for i in sampling_chunks])))
         scored = iter(self._score_prompts(hidden, chunks, token_starts))
         return [
-            ChunkResult(sampled.get(i), [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [])
-            for i, c in enumerate(chunks)
+            ChunkResult(
+                sampled.get(i),
+                [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [],
+                _pooled(hidden, start, c.pooled_rows),
+            )
+            for i, (c, start) in enumerate(zip(chunks, token_starts))
         ]
 
     def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:
@@ -167,3 +171,9 @@ class ModelRunner:
             return []
         logits = self.model.compute_logits(hidden[rows])
         return scored_tokens(logits, torch.tensor(next_ids, device=logits.device), num_top)
+
+
+def _pooled(hidden: torch.Tensor, token_start: int, rows: tuple[int, int] | None) -> torch.Tensor | None:
+    if rows is None:
+        return None
+    return hidden[token_start + rows[0] : token_start + rows[1]].float().sum(dim=0)
