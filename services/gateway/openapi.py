@@ -15,6 +15,7 @@ from ember_gateway.responses import (
     ChatCompletionChunk,
     Completion,
     CompletionChunk,
+    CreateEmbeddingResponse,
     DetokenizeResponse,
     ErrorResponse,
     Health,
@@ -22,12 +23,19 @@ from ember_gateway.responses import (
     ModelList,
     TokenizeResponse,
 )
-from ember_gateway.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ember_gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 
 _REF = "#/components/schemas/{name}"
 _STRUCTS = (
     ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse, ChatCompletion,
     ChatCompletionChunk, Completion, CompletionChunk, Model, ModelList, Health, TokenizeResponse, DetokenizeResponse,
+    EmbeddingRequest, CreateEmbeddingResponse,
 )
 _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "5XX": {"$ref": "#/components/responses/Error"}}
 
@@ -75,13 +83,14 @@ def build_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "ember gateway", "version": version("ember"),
-                 "description": "OpenAI-compatible LLM inference: completions, chat completions, models."},
+                 "description": "OpenAI-compatible LLM inference: completions, chat completions, embeddings, models."},
         "security": [{"apiKey": []}, {}],  # a key only when the gateway is started with one
         "paths": {
             "/v1/completions": {"post": _post("Complete a prompt", CompletionRequest, Completion, CompletionChunk)},
             "/v1/chat/completions": {
                 "post": _post("Answer a conversation", ChatCompletionRequest, ChatCompletion, ChatCompletionChunk)
             },
+            "/v1/embeddings": {"post": _post("Embed inputs", EmbeddingRequest, CreateEmbeddingResponse)},
             "/tokenize": {"post": _post("A prompt or messages as the model's token ids", TokenizeRequest,
                                         TokenizeResponse)},
             "/detokenize": {"post": _post("Token ids as text", DetokenizeRequest, DetokenizeResponse)},

@@ -207,3 +207,21 @@ class TokenizeResponse(_Shape):
 
 class DetokenizeResponse(_Shape):
     prompt: str
+
+
+class Embedding(_Shape):
+    object: Literal["embedding"]
+    embedding: list[float] | str  # a string with encoding_format base64
+    index: int
+
+
+class EmbeddingUsage(_Shape):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(_Shape):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
