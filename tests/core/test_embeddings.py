@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 import transformers
 
 from ember_core import LLM, SamplingParams
 from ember_core.engine.engine import RequestRejected
+from ember_bench.gguf_export import export_gguf
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_proto import EmbedOptions, FinishReason
 from tests.conftest import assert_pool_free
@@ -68,6 +70,48 @@ def test_embeddings_equal_transformers_hidden_states_alone_batched_and_chunked(c
         assert all(abs(torch.tensor(e).norm().item() - 1) < 1e-5 for e in embeddings)
     assert_pool_free(whole)
     assert_pool_free(chunked)
+
+
+def test_preempted_embedding_requests_recompute_to_the_same_vectors(checkpoint) -> None:
+    model_dir, _ = checkpoint
+    write_sentence_transformers_files(model_dir, "mean")
+    prompts = token_prompts((60, 56), seed=3)
+    roomy = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32")
+    expected = [torch.tensor(output.embedding) for output in roomy.embed(prompts)]
+    # Six generations growing a block every four steps each beside two 15-block prompts computed 10
+    # tokens a step in a pool of 30 blocks: the youngest requests, the embeddings, are preempted mid-prompt.
+    squeezed = LLM(str(model_dir), num_blocks=30, block_size=4, device="cpu", dtype="float32", max_num_batched_tokens=16)
+    engine = squeezed.engine
+    for index, prompt in enumerate(token_prompts((3,) * 6, seed=4)):
+        engine.add_request(f"gen-{index}", prompt, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"emb-{index}", prompt, SamplingParams(max_tokens=0), embed=EmbedOptions())
+    sequences = [engine._sequences[f"emb-{index}"] for index in range(len(prompts))]
+    embedded, restarted = {}, False
+    while engine.has_unfinished():
+        computed = [seq.num_computed_tokens for seq in sequences]
+        embedded.update({d.request_id: d.embedding for d in engine.step() if d.request_id.startswith("emb")})
+        restarted |= any(seq.num_computed_tokens < before for seq, before in zip(sequences, computed))
+    assert restarted
+    vectors = [torch.frombuffer(bytearray(embedded[f"emb-{index}"]), dtype=torch.float32) for index in range(2)]
+    assert min(_cosines([v.tolist() for v in vectors], expected)) >= COSINE
+    assert_pool_free(squeezed)
+
+
+def test_a_gguf_files_pooling_type_is_its_pooling(checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_dir, hf_model = checkpoint
+    add_file_type = gguf.GGUFWriter.add_file_type
+
+    def with_mean_pooling(writer: gguf.GGUFWriter, file_type: int) -> None:
+        add_file_type(writer, file_type)
+        writer.add_pooling_type(gguf.PoolingType.MEAN)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_file_type", with_mean_pooling)
+    path = export_gguf(model_dir, tmp_path / "model.gguf")
+    llm = LLM(str(path), num_blocks=64, device="cpu", dtype="float32")
+    assert llm.engine.loaded.pooling == PoolingConfig("mean")
+    prompt = token_prompts((20,))[0]
+    assert min(_cosines([llm.embed([prompt])[0].embedding], [_reference(hf_model, prompt, "mean")])) >= COSINE
 
 
 def test_last_token_pooling_reuses_the_prefix_cache_and_gives_the_same_embedding(checkpoint) -> None:
