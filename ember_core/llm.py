@@ -123,9 +123,7 @@ class LLM:
             show_progress = use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS
             self._run(processor, {choice_id: i for i, choice_id in enumerate(choice_ids)}, results, show_progress)
         except BaseException:
-            self.engine.abort(choice_ids)
-            while self.engine.has_unfinished():
-                self.engine.step()
+            self._abort(choice_ids)
             raise
         for choice, result in zip(choices, results):
             request = requests[choice.prompt_index]
@@ -149,11 +147,15 @@ class LLM:
                 for delta in self.engine.step():
                     by_id[delta.request_id].embedding = array.array("f", delta.embedding).tolist()
         except BaseException:
-            self.engine.abort(list(by_id))
-            while self.engine.has_unfinished():
-                self.engine.step()
+            self._abort(list(by_id))
             raise
         return outputs
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Free every request of a call that failed or was interrupted, so the engine is idle again."""
+        self.engine.abort(request_ids)
+        while self.engine.has_unfinished():
+            self.engine.step()
 
     def _request(self, request_id: str, prompt: str | list[int], p: SamplingParams) -> RequestOutput:
         prompt_ids = self._prompt_ids(prompt)

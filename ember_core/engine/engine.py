@@ -21,12 +21,12 @@ from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
+from ember_core.pooling import dimensions_error
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
 from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
-from ember_core.pooling import dimensions_error
 from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
