@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Literal
 
 Pooling = Literal["last", "mean", "cls"]
-POOLINGS: tuple[Pooling, ...] = ("last", "mean", "cls")
 
 # sentence-transformers' Pooling module flags, in the order vLLM reads them
 _SENTENCE_TRANSFORMERS_FLAGS: dict[str, Pooling] = {
