@@ -14,6 +14,7 @@ Batching = Literal["continuous", "static"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 GGUFWeights = Literal["blocks", "dequantized"]
 DecodeAttention = Literal["auto", "kernel", "flex", "sdpa"]
+Task = Literal["generate", "embed"]
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DECODE_ATTENTION: tuple[DecodeAttention, ...] = ("auto", "kernel", "flex", "sdpa")
 
@@ -52,6 +53,9 @@ class EngineConfig:
     # n-gram speculative decoding: a SpeculativeConfig, or its JSON text or dict (vLLM's spelling);
     # None: off.
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+    # "generate": completions and chat, and embeddings by the model's pooling; "embed": embeddings
+    # only (vLLM's pooling runner), generation requests refused.
+    task: Task = "generate"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
@@ -81,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if not self.priority_aging_s > 0:
             raise ValueError(f"priority_aging_s must be > 0, got {self.priority_aging_s}")
+        if self.task not in ("generate", "embed"):
+            raise ValueError(f"task must be 'generate' or 'embed', got {self.task!r}")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
 

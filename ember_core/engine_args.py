@@ -58,6 +58,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help='n-gram speculative decoding as vLLM spells it: \'{"method": "ngram", '
                              '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' '
                              '(also "disable_by_batch_size": no drafts while more sequences run; default 4)')
+    parser.add_argument("--task", choices=["generate", "embed"], default=env_default("task", defaults.task),
+                        help="generate: completions, chat and embeddings; embed: embeddings only (generation "
+                             "requests are refused)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

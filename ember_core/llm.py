@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +12,7 @@ from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.engine.engine import Engine
 from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
 from ember_core.sampling_params import SamplingParams
-from ember_proto import EngineStats, TokenLogprob
+from ember_proto import EmbedOptions, EngineStats, TokenLogprob
 
 PROGRESS_BAR_MIN_PROMPTS = 8
 
@@ -60,6 +61,15 @@ class RequestOutput:
         return self.outputs[0].logprobs
 
 
+@dataclass
+class EmbeddingRequestOutput:
+    """A prompt's pooled embedding (vLLM's EmbeddingRequestOutput, its outputs.embedding flattened)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
+
+
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, **engine_args) -> None:
         self.engine = Engine(EngineConfig(model=model, **engine_args))
@@ -90,10 +100,7 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
     ) -> list[RequestOutput]:
-        if not isinstance(prompts, (str, list, tuple)):
-            raise TypeError(f"prompts must be a string, a list of token ids or a list of those, got {type(prompts).__name__}")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         params = params or SamplingParams()
         param_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
         if len(param_list) != len(prompts):
@@ -116,14 +123,39 @@ class LLM:
             show_progress = use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS
             self._run(processor, {choice_id: i for i, choice_id in enumerate(choice_ids)}, results, show_progress)
         except BaseException:
-            self.engine.abort(choice_ids)
-            while self.engine.has_unfinished():
-                self.engine.step()
+            self._abort(choice_ids)
             raise
         for choice, result in zip(choices, results):
             request = requests[choice.prompt_index]
             _fill(request, request.outputs[choice.index], result)
         return requests
+
+    def embed(self, prompts: str | list[str] | list[list[int]], dimensions: int | None = None) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding, pooled as the model's files say (pooling.py); dimensions: truncate
+        a Matryoshka model's embeddings to that many values."""
+        outputs = [
+            EmbeddingRequestOutput(f"embed-{id(prompts)}-{i}", self._prompt_ids(prompt), [])
+            for i, prompt in enumerate(_prompt_list(prompts))
+        ]
+        by_id = {output.request_id: output for output in outputs}
+        try:
+            for output in outputs:
+                self.engine.add_request(
+                    output.request_id, output.prompt_token_ids, SamplingParams(max_tokens=0), embed=EmbedOptions(dimensions)
+                )
+            while self.engine.has_unfinished():
+                for delta in self.engine.step():
+                    by_id[delta.request_id].embedding = array.array("f", delta.embedding).tolist()
+        except BaseException:
+            self._abort(list(by_id))
+            raise
+        return outputs
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Free every request of a call that failed or was interrupted, so the engine is idle again."""
+        self.engine.abort(request_ids)
+        while self.engine.has_unfinished():
+            self.engine.step()
 
     def _request(self, request_id: str, prompt: str | list[int], p: SamplingParams) -> RequestOutput:
         prompt_ids = self._prompt_ids(prompt)
@@ -152,6 +184,14 @@ class LLM:
                     results[update.index].add(update)
                     if update.finish_reason is not None:
                         bar.update(1)
+
+
+def _prompt_list(prompts: str | list[str] | list[list[int]]) -> list[str] | list[list[int]]:
+    if not isinstance(prompts, (str, list, tuple)):
+        raise TypeError(f"prompts must be a string, a list of token ids or a list of those, got {type(prompts).__name__}")
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]  # type: ignore[list-item]
+    return prompts
 
 
 def _fill(request: RequestOutput, completion: CompletionOutput, result: ChoiceResult) -> None:

@@ -10,8 +10,9 @@ from enum import IntEnum
 import msgspec
 
 # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
-# (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs
-PROTOCOL_VERSION = 5
+# (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs;
+# 6: embeddings (Generate.embed, RequestDelta.embedding, Ready.task, the ModelCard's embedding sizes)
+PROTOCOL_VERSION = 6
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -70,6 +71,12 @@ class SamplingOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     priority: int = 0  # lower runs first under the engine's priority scheduling policy
 
 
+class EmbedOptions(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """A Generate that asks for the prompt's pooled embedding, not tokens (its sampling: max_tokens 0)."""
+
+    dimensions: int | None = None  # truncate to this many values (Matryoshka), re-normalised
+
+
 # gateway -> engine
 
 
@@ -87,6 +94,7 @@ class Generate(_Message):
     # Tokens the request generated on an engine that was lost; it continues after them (a gateway
     # resuming its requests on a restarted engine).
     output_token_ids: list[int] = []
+    embed: EmbedOptions | None = None
 
 
 class Abort(_Message):
@@ -110,6 +118,9 @@ class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     stop_token_ids: list[int]
     tokenizer_spec: bytes = b""  # a MessagePack-encoded ember_core.tokenizer.TokenizerSpec; empty: none
     created: int = 0
+    hidden_size: int = 0  # the values of an embedding
+    # The sizes an embedding may be truncated to (Matryoshka): [] any up to hidden_size; None: none.
+    matryoshka_dimensions: list[int] | None = None
 
 
 class Ready(_Message):
@@ -118,6 +129,7 @@ class Ready(_Message):
     model: ModelCard
     block_size: int = 0  # of the prefix cache, whose hashes KvEvents carry; 0: no prefix cache
     step_token_budget: int = 0  # tokens one step computes at most (max_num_batched_tokens); 0: unknown
+    task: str = "generate"  # "embed": the engine refuses every Generate but an embedding one
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):
@@ -161,6 +173,7 @@ class RequestDelta(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     logprobs: list[TokenLogprob] = []
     finish_reason: FinishReason | None = None
     prompt_logprobs: list[TokenLogprob] = []  # of prompt tokens 1, 2, ..., with the first new token
+    embedding: bytes = b""  # an embedding request's, with its finish: float32 values, little-endian
 
 
 class StepOutputs(_Message):

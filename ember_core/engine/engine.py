@@ -15,6 +15,7 @@ import torch
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
+from ember_core.engine.embedding import add_pooled, embedding_bytes, pooled_rows
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.engine.speculator import Speculator
@@ -22,6 +23,7 @@ from ember_core.device import available_memory, resolve_device, resolve_dtype
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
+from ember_core.pooling import dimensions_error
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import PromptScoring, SamplingRequest, SequenceChunk
@@ -30,7 +32,7 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.runner.token_masks import TokenMask, TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
-from ember_proto import EngineStats, FinishReason, RequestDelta, TokenLogprob
+from ember_proto import EmbedOptions, EngineStats, FinishReason, RequestDelta, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +114,20 @@ class Engine:
         params: SamplingParams,
         arrival_time: float | None = None,
         output_token_ids: list[int] | tuple[int, ...] = (),
+        embed: EmbedOptions | None = None,
     ) -> None:
         """output_token_ids: what the request already generated on an engine that was lost. It
         continues after them as if it had never stopped: they count toward max_tokens, min_tokens and
         the penalties, and a seeded request samples the same tokens it would have. params.priority:
-        lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM)."""
+        lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM).
+        embed: the request wants its prompt's pooled embedding (params.max_tokens 0), which its
+        finishing delta carries."""
         if request_id in self._sequences:
             raise RequestRejected(f"request id {request_id!r} is already in flight")
+        if embed is None and self.config.task == "embed":
+            raise RequestRejected("this engine serves embeddings only (--task embed): it generates no tokens")
+        if embed is not None:
+            self._check_embed(embed, params)
         if not prompt_token_ids:
             raise RequestRejected("the prompt is empty")
         if params.priority and self.config.scheduling_policy != "priority":
@@ -150,6 +159,8 @@ class Engine:
             arrival_time=arrival_time or time.monotonic(),
         )
         seq.token_ids.extend(output_token_ids)
+        if embed is not None:
+            seq.pooling, seq.embed_dimensions = self.loaded.pooling.method, embed.dimensions
         try:
             self.scheduler.check_fits(seq)
         except ValueError as exc:
@@ -207,15 +218,21 @@ class Engine:
         chunks = self._chunks(decision)
         results = self.runner.execute(chunks)
         for seq, num_tokens, chunk, result in zip(decision.seqs, decision.num_scheduled_tokens, chunks, results):
+            add_pooled(seq, seq.num_computed_tokens, result.pooled)
             seq.prompt_logprobs.extend(result.prompt_logprobs)
-            if not result.sampled:
-                seq.num_computed_tokens += num_tokens
-                self.scheduler.cache_computed_blocks(seq)
-                if seq.params.max_tokens == 0 and seq.num_computed_tokens == seq.num_tokens:
-                    self.scheduler.finish(seq, FinishReason.LENGTH)
-                    deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
+            if result.sampled:
+                deltas.append(self._verify(seq, num_tokens, chunk, result.sampled))
                 continue
-            deltas.append(self._verify(seq, num_tokens, chunk, result.sampled))
+            seq.num_computed_tokens += num_tokens
+            self.scheduler.cache_computed_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue
+            if seq.pooling is not None:
+                self.scheduler.finish(seq, FinishReason.STOP)
+                deltas.append(self._finished_delta(seq, [], embedding=embedding_bytes(seq, self.loaded.pooling)))
+            elif seq.params.max_tokens == 0:
+                self.scheduler.finish(seq, FinishReason.LENGTH)
+                deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
         return deltas
 
     def _verify(self, seq: Sequence, num_tokens: int, chunk: SequenceChunk, sampled: list[TokenLogprob]) -> RequestDelta:
@@ -249,6 +266,20 @@ class Engine:
             if seq.num_uncomputed_tokens != 1 or seq.matcher is not None:
                 room = 0  # a prompt chunk; or a constraint, whose next tokens' masks depend on each other
             self.speculator.propose(seq.token_ids, seq.drafts, seq.num_output_tokens, room, batch_size)
+
+    def _check_embed(self, embed: EmbedOptions, params: SamplingParams) -> None:
+        if params.max_tokens != 0:
+            raise RequestRejected(f"an embedding request generates no tokens: max_tokens must be 0, got {params.max_tokens}")
+        if embed.dimensions is not None:
+            pooling = self.loaded.pooling
+            error = dimensions_error(embed.dimensions, self.hidden_size, pooling.matryoshka_dimensions)
+            if error is not None:
+                raise RequestRejected(error)
+
+    @property
+    def hidden_size(self) -> int:
+        """The values of an embedding: the model's final hidden state's."""
+        return self.loaded.model.config.hidden_size
 
     def _matcher(self, params: SamplingParams, output_token_ids: Sequence_[int]) -> Any:
         """The constraint's matcher, past the tokens generated before a resume."""
@@ -288,6 +319,7 @@ class Engine:
                     sampling=sampling,
                     scoring=_prompt_scoring(seq, start, num_tokens),
                     num_prompt_tokens=seq.num_prompt_tokens,
+                    pooled_rows=pooled_rows(seq, start, num_tokens),
                 )
             )
         return chunks
@@ -323,10 +355,15 @@ class Engine:
         return None
 
     def _finished_delta(
-        self, seq: Sequence, new_token_ids: list[int], logprobs: list | None = None, prompt_logprobs: list | None = None
+        self,
+        seq: Sequence,
+        new_token_ids: list[int],
+        logprobs: list | None = None,
+        prompt_logprobs: list | None = None,
+        embedding: bytes = b"",
     ) -> RequestDelta:
         self._sequences.pop(seq.request_id, None)
-        return _delta(seq, new_token_ids, logprobs or [], prompt_logprobs or [])
+        return _delta(seq, new_token_ids, logprobs or [], prompt_logprobs or [], embedding)
 
     def _stop_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
@@ -388,7 +425,11 @@ def _outside_vocabulary(token_ids: Iterable[object], vocab_size: int) -> list[ob
 
 
 def _delta(
-    seq: Sequence, new_token_ids: list[int], logprobs: list[TokenLogprob], prompt_logprobs: list[TokenLogprob]
+    seq: Sequence,
+    new_token_ids: list[int],
+    logprobs: list[TokenLogprob],
+    prompt_logprobs: list[TokenLogprob],
+    embedding: bytes = b"",
 ) -> RequestDelta:
     """What one step produced for one request (its finish reason once it has one)."""
     return RequestDelta(
@@ -398,4 +439,5 @@ def _delta(
         logprobs=logprobs,
         finish_reason=seq.finish_reason,
         prompt_logprobs=prompt_logprobs,
+        embedding=embedding,
     )

@@ -322,8 +322,8 @@ class Scheduler:
         self.block_manager.truncate(seq.seq_id, seq.num_computed_tokens)
 
     def _uses_prefix_cache(self, seq: Sequence) -> bool:
-        # Scoring the prompt needs every prompt row computed.
-        return self.prefix_caching and seq.params.prompt_logprobs is None
+        # Scoring the prompt, and pooling other than the last token's, need every prompt row computed.
+        return self.prefix_caching and seq.params.prompt_logprobs is None and seq.pooling in (None, "last")
 
     def _cached_prefix(self, seq: Sequence, completed_in_step: list[dict[bytes, int]]) -> list[list[int]] | None:
         """Per group, the table of seq's longest prefix cached or completed in this step, leaving at

@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Any
 
 from ember_core.engine.speculator import DraftState
+from ember_core.pooling import Pooling
 from ember_core.sampling_params import SamplingParams
 from ember_proto import FinishReason, TokenLogprob
 
@@ -40,6 +41,11 @@ class Sequence:
     matcher: Any = None
     # speculative decoding: the drafts the next step verifies after its decode, and how drafts fared
     drafts: DraftState = field(default_factory=lambda: DraftState([]))
+    # An embedding request: how its prompt's final hidden states pool, its `dimensions`, and the
+    # pooled state of the chunks computed so far (a sum for mean pooling), a float32 tensor.
+    pooling: Pooling | None = None
+    embed_dimensions: int | None = None
+    pooled: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -10,6 +10,7 @@ from ember_core.loaders.gguf_tensors import ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_
 from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, MoEConfig
 from ember_core.models.family import FAMILIES, GGUF_ARCHITECTURES, Family
 from ember_core.models.rotary import Rope, RopeScaling
+from ember_core.pooling import GGUF_POOLING_TYPES
 
 _REQUIRED = object()
 # What llama.cpp fixes per architecture where the file says nothing: which layers slide (every
@@ -104,6 +105,7 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
         moe=moe,
+        pooling=GGUF_POOLING_TYPES.get(value("pooling_type", 0)),
     )
 
 

@@ -15,6 +15,7 @@ from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.loaders.resolve import resolve_model
 from ember_core.models.registry import model_from_hf_config
+from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ class LoadedModel:
     vocab_size: int
     stop_token_ids: frozenset[int]  # EOS and end-of-turn ids
     dtype: torch.dtype
+    pooling: PoolingConfig
 
 
 def _load_hf(model_dir: Path, device: torch.device, dtype: DtypeChoice) -> tuple[nn.Module, Tokenizer | None]:
@@ -45,8 +47,10 @@ def load_model(name: str, device: torch.device, dtype: DtypeChoice, compact_weig
     path = resolve_model(name)
     if path.suffix == ".gguf":
         model, tokenizer = load_gguf(path, device, dtype, compact_weights)
+        pooling = read_pooling_config(None, {}, model.config.pooling)
     else:
         model, tokenizer = _load_hf(path, device, dtype)
+        pooling = read_pooling_config(path, read_hf_config(path))
     if compact_weights and (kept := keep_16_bit_weights(model)):
         logger.info("%d linear and embedding layers run from their 16-bit rows", kept)
     config = model.config
@@ -63,4 +67,5 @@ def load_model(name: str, device: torch.device, dtype: DtypeChoice, compact_weig
         vocab_size=config.vocab_size,
         stop_token_ids=frozenset(stop_ids),
         dtype=dtype,
+        pooling=pooling,
     )

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from ember_core.models.family import FAMILIES, Family
 from ember_core.models.rotary import Rope
+from ember_core.pooling import Pooling
 
 Activation = Literal["silu", "gelu_tanh"]
 ACTIVATIONS: dict[str, Activation] = {
@@ -68,6 +69,7 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     moe: MoEConfig | None = None  # set when some layer has sparse_mlp
+    pooling: Pooling | None = None  # a GGUF file's <arch>.pooling_type (pooling.py reads the others')
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

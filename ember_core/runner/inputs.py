@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ember_core.runner.token_masks import TokenMask
 from ember_core.sampling_params import SamplingParams
 from ember_proto import TokenLogprob
@@ -40,6 +42,7 @@ class SequenceChunk:
     sampling: tuple[SamplingRequest, ...] = ()
     scoring: PromptScoring | None = None
     num_prompt_tokens: int = 0  # of the request (LongRoPE's table depends on it); 0: only positions decide
+    pooled_rows: tuple[int, int] | None = None  # [first, end) rows of the chunk an embedding request sums
 
     @property
     def is_decode(self) -> bool:
@@ -51,3 +54,4 @@ class SequenceChunk:
 class ChunkResult:
     sampled: list[TokenLogprob]  # one per row of chunk.sampling
     prompt_logprobs: list[TokenLogprob]  # one per scored row, in order
+    pooled: torch.Tensor | None = None  # the sum of the pooled_rows' final hidden states, float32

@@ -141,19 +141,24 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: list[SequenceChunk]) -> list[ChunkResult]:
         """Run one step: a sampled token for each sampling row of the chunks (a chunk's last rows:
-        its sequence's next token, and after each draft token the one that follows it), and the
-        logprobs of the prompt tokens the chunks score."""
+        its sequence's next token, and after each draft token the one that follows it), the logprobs
+        of the prompt tokens the chunks score, and the hidden states embedding chunks pool."""
         hidden = self.forward_hidden(chunks)
         token_ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
+        token_starts = [end - len(c.token_ids) for c, end in zip(chunks, token_ends)]
         rows = [row for c, end in zip(chunks, token_ends) for row in range(end - len(c.sampling), end)]
         sampled = iter([])
         if rows:
             logits = self.model.compute_logits(hidden[rows])
             sampled = iter(sample(logits, [request for c in chunks for request in c.sampling]))
-        scored = iter(self._score_prompts(hidden, chunks, [end - len(c.token_ids) for c, end in zip(chunks, token_ends)]))
+        scored = iter(self._score_prompts(hidden, chunks, token_starts))
         return [
-            ChunkResult([next(sampled) for _ in c.sampling], [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [])
-            for c in chunks
+            ChunkResult(
+                [next(sampled) for _ in c.sampling],
+                [next(scored) for _ in c.scoring.next_token_ids] if c.scoring else [],
+                _pooled(hidden, start, c.pooled_rows),
+            )
+            for c, start in zip(chunks, token_starts)
         ]
 
     def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:
@@ -168,3 +173,9 @@ class ModelRunner:
             return []
         logits = self.model.compute_logits(hidden[rows])
         return scored_tokens(logits, torch.tensor(next_ids, device=logits.device), num_top)
+
+
+def _pooled(hidden: torch.Tensor, token_start: int, rows: tuple[int, int] | None) -> torch.Tensor | None:
+    if rows is None:
+        return None
+    return hidden[token_start + rows[0] : token_start + rows[1]].float().sum(dim=0)

@@ -87,6 +87,7 @@ class EngineWorker:
         if self.kv_events:
             engine.block_manager.take_events()  # starts recording
         tokenizer = engine.tokenizer
+        matryoshka = engine.loaded.pooling.matryoshka_dimensions
         self.ready = Ready(
             PROTOCOL_VERSION,
             self.engine_id,
@@ -97,9 +98,12 @@ class EngineWorker:
                 stop_token_ids=sorted(engine.stop_token_ids),
                 tokenizer_spec=msgspec.msgpack.encode(tokenizer.spec) if tokenizer is not None else b"",
                 created=int(time.time()),
+                hidden_size=engine.hidden_size,
+                matryoshka_dimensions=None if matryoshka is None else list(matryoshka),
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,
+            task=engine.config.task,
         )
 
     def request_shutdown(self) -> None:
@@ -189,7 +193,7 @@ class EngineWorker:
         try:
             params = SamplingParams.from_wire(message.sampling)
             self.engine.add_request(
-                request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids
+                request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids, message.embed
             )
         except (ValueError, TypeError) as exc:  # RequestRejected is a ValueError
             self._send(identity, Rejected(request_id, RejectCode.INVALID_REQUEST, str(exc)))

@@ -14,6 +14,7 @@ from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
 from ember_gateway.connections import EdgeAppRunner, EdgeLimits
 from ember_gateway.cors import add_cors_headers, cors_middleware
+from ember_gateway.embeddings import create_embeddings
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable, from_http_exception, internal_error
@@ -51,6 +52,7 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
             web.post("/v1/completions", create_completion, expect_handler=expect),
             web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
             web.post("/v1/responses", create_response, expect_handler=expect),
+            web.post("/v1/embeddings", create_embeddings, expect_handler=expect),
             web.post("/tokenize", tokenize, expect_handler=expect),
             web.post("/detokenize", detokenize, expect_handler=expect),
             web.get("/v1/models", list_models),

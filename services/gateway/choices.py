@@ -34,10 +34,7 @@ def build_choices(
     if body.stop and model.tokenizer is None:
         raise ApiError(400, "stop strings need a tokenizer and this model has none; use stop_token_ids", param="stop")
     for prompt in prompts:
-        if not prompt:
-            raise ApiError(400, "the prompt must not be empty", param=prompt_param)
-        _check_token_ids(prompt, vocab_size, prompt_param)
-        _check_tokenizer_has(prompt, model, prompt_param)
+        check_prompt(prompt, model, prompt_param)
     budgets = [_completion_budget(len(prompt), max_tokens, model.card.max_model_len, prompt_param) for prompt in prompts]
     structured_outputs = structured_outputs_of(body)
     if tool_constraint is not None:
@@ -57,6 +54,14 @@ def build_choices(
         ])
     except SamplingParamError as exc:  # a rule across fields: the schema checked each alone
         raise ApiError(400, str(exc), param=exc.field) from None
+
+
+def check_prompt(prompt: list[int], model: ServedModel, param: str) -> None:
+    """Not empty, and every id a token of the model's vocabulary and tokenizer."""
+    if not prompt:
+        raise ApiError(400, "the prompt must not be empty", param=param)
+    _check_token_ids(prompt, model.card.vocab_size, param)
+    _check_tokenizer_has(prompt, model, param)
 
 
 def _sampling_params(

@@ -46,6 +46,7 @@ class ServedModel:
     tokenizer: Tokenizer | None  # None: the model has no tokenizer; only token-id prompts work
     block_size: int = 0  # of the engine's prefix cache; 0: none
     step_token_budget: int = 0  # tokens one engine step computes at most; 0: the engine did not say
+    task: str = "generate"  # "embed": the engine answers embedding requests only
 
     def same_model(self, other: ServedModel) -> bool:
         """Whether a request of one can continue on the other: the same weights and tokens."""
@@ -236,7 +237,7 @@ class EngineClient:
         name = self._model_name or message.model.model_id
         self.model = ServedModel(
             name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer,
-            block_size=message.block_size, step_token_budget=message.step_token_budget,
+            block_size=message.block_size, step_token_budget=message.step_token_budget, task=message.task,
         )
         self.draining = False
         self._ready = True

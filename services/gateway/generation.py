@@ -1,4 +1,5 @@
-"""The engine requests behind one HTTP request, consumed as text updates per choice.
+"""The engine requests behind one HTTP request, consumed as text updates per choice, or (embedding
+requests) as one embedding each.
 
 Used as a context manager: leaving it (normally, on an error, or when the handler is cancelled
 because the client went away) aborts every engine request that has not finished, synchronously,
@@ -18,7 +19,7 @@ from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.inflight import EngineFailure, Output
 from ember_gateway.metrics import GatewayMetrics
-from ember_proto import FinishReason, Generate
+from ember_proto import EmbedOptions, FinishReason, Generate, RequestDelta
 
 
 @dataclass
@@ -41,13 +42,19 @@ class Generation:
         choices: list[ChoiceRequest],
         timeout: float | None,
         max_pending: int,
+        embed: EmbedOptions | None = None,
+        requests_param: str = "n",
     ) -> None:
+        """embed: the choices are embedding requests (max_tokens 0); requests_param: the field that
+        makes the engine requests many (named when there are too many)."""
         self._pool = pool
         self._model = model
         self._metrics = metrics
         self._requests = choices
         self._timeout = timeout
         self._max_pending = max_pending
+        self._embed = embed
+        self._requests_param = requests_param
         self._arrived_at = arrived_at  # time.monotonic() when the HTTP request arrived
         self._deadline = None if timeout is None else self._arrived_at + timeout
         self._choices = [_Choice(f"{request_id}-{index}", len(choice.prompt_ids)) for index, choice in enumerate(choices)]
@@ -64,7 +71,7 @@ class Generation:
                 400,
                 f"this request needs {len(self._requests)} engine requests (prompts x n), more than this gateway's "
                 f"limit of {self._max_pending} in flight",
-                param="n",
+                param=self._requests_param,
             )
         if self._pool.num_in_flight + len(self._requests) > self._max_pending:
             raise ApiError(
@@ -84,6 +91,7 @@ class Generation:
                     sampling=request.params.to_wire(),
                     arrival_time=arrival_time,
                     deadline=deadline,
+                    embed=self._embed,
                 )
                 for choice, request in zip(self._choices, self._requests)
             ],
@@ -101,19 +109,36 @@ class Generation:
             index, item, previous_message_at = await self._next_output()
             if self._processor.finished(index):
                 continue  # queued before a stop string ended the choice
-            if isinstance(item, EngineFailure):
-                if item.status == 503:
-                    raise engine_unavailable(item.message)
-                raise ApiError(item.status, item.message, type=_error_type(item.status))
-            update = self._processor.process(index, item)
-            if update.finish_reason is FinishReason.ABORT:
-                raise self._timeout_error() if self._past_deadline() else ApiError(
-                    503, "the engine aborted the request", type="service_unavailable_error"
-                )
+            update = self._processor.process(index, self._delta(item))
             self._record(self._choices[index], update, previous_message_at)
             if update.text or update.token_ids or update.finish_reason:
                 return update
         return None
+
+    async def embeddings(self) -> list[bytes]:
+        """Each embedding request's vector (RequestDelta.embedding), in submission order, once every
+        one has come. Raises ApiError as next_update does."""
+        embeddings = [b""] * len(self._choices)
+        while self._processor.num_unfinished:
+            index, item, _ = await self._next_output()
+            delta = self._delta(item)
+            self._processor.process(index, delta)
+            embeddings[index] = delta.embedding
+            self._metrics.prompt_tokens.labels(self._model.name).inc(self._choices[index].prompt_length)
+            self._record_finish(FinishReason.STOP.label)
+        return embeddings
+
+    def _delta(self, item: RequestDelta | EngineFailure) -> RequestDelta:
+        """item, unless the engine rejected, lost or aborted its request: then the ApiError to answer."""
+        if isinstance(item, EngineFailure):
+            if item.status == 503:
+                raise engine_unavailable(item.message)
+            raise ApiError(item.status, item.message, type=_error_type(item.status))
+        if item.finish_reason is FinishReason.ABORT:
+            raise self._timeout_error() if self._past_deadline() else ApiError(
+                503, "the engine aborted the request", type="service_unavailable_error"
+            )
+        return item
 
     async def _next_output(self) -> Output:
         assert self._queue is not None

@@ -1,5 +1,5 @@
 """Validation, the first step of a request: read the HTTP body, decode it against its schema,
-and find the engines' model it names."""
+and find the engines' model it names, which must serve the request's task."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
-from ember_gateway.schemas import Body, decode_body
+from ember_gateway.schemas import Body, GenerationRequest, decode_body
 from ember_gateway.state import STATE, GatewayState
 
 # What aiohttp decodes (br and zstd with the Brotli and backports.zstd packages); any other body
@@ -26,7 +26,11 @@ async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewaySt
     await state.await_models()  # no engine: 503 whatever the body
     raw = await read_body(request, state.config.max_body_bytes, state.config.body_timeout)
     body = decode_body(raw, body_type)
-    return state, await state.await_model(body.model), body
+    model = await state.await_model(body.model)
+    if isinstance(body, GenerationRequest) and model.task == "embed":
+        raise ApiError(400, f"the model `{model.name}` serves embeddings only (its engine runs --task embed): "
+                       "use /v1/embeddings", param="model")
+    return state, model, body
 
 
 def check_framing(request: web.Request, max_body_bytes: int) -> None:

@@ -16,6 +16,7 @@ from ember_gateway.responses import (
     ChatCompletionChunk,
     Completion,
     CompletionChunk,
+    CreateEmbeddingResponse,
     DetokenizeResponse,
     ErrorResponse,
     Health,
@@ -27,6 +28,7 @@ from ember_gateway.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     ResponsesRequest,
     TokenizeRequest,
 )
@@ -35,7 +37,7 @@ _REF = "#/components/schemas/{name}"
 _STRUCTS = (
     ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse,
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Response, *get_args(ResponseEvent), Model,
-    ModelList, Health, TokenizeResponse, DetokenizeResponse,
+    ModelList, Health, TokenizeResponse, DetokenizeResponse, EmbeddingRequest, CreateEmbeddingResponse,
 )
 _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "5XX": {"$ref": "#/components/responses/Error"}}
 
@@ -100,7 +102,7 @@ def build_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "ember gateway", "version": version("ember"),
-                 "description": "OpenAI-compatible LLM inference: completions, chat completions, responses, models."},
+                 "description": "OpenAI-compatible LLM inference: completions, chat completions, responses, embeddings, models."},
         "security": [{"apiKey": []}, {}],  # a key only when the gateway is started with one
         "paths": {
             "/v1/completions": {"post": _post("Complete a prompt", CompletionRequest, Completion, CompletionChunk)},
@@ -111,6 +113,7 @@ def build_document() -> dict[str, Any]:
                 "post": _post("Respond to input items (OpenAI's Responses API, stateless)", ResponsesRequest,
                               Response, typed_events=True)
             },
+            "/v1/embeddings": {"post": _post("Embed inputs", EmbeddingRequest, CreateEmbeddingResponse)},
             "/tokenize": {"post": _post("A prompt or messages as the model's token ids", TokenizeRequest,
                                         TokenizeResponse)},
             "/detokenize": {"post": _post("Token ids as text", DetokenizeRequest, DetokenizeResponse)},

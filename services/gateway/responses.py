@@ -207,3 +207,21 @@ class TokenizeResponse(Shape):
 
 class DetokenizeResponse(Shape):
     prompt: str
+
+
+class Embedding(Shape):
+    object: Literal["embedding"]
+    embedding: list[float] | str  # a string with encoding_format base64
+    index: int
+
+
+class EmbeddingUsage(Shape):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CreateEmbeddingResponse(Shape):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage

@@ -191,9 +191,20 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] | None = None
 
 
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    model: str
+    # a string, strings, token ids, or lists of token ids, as completions' prompt
+    input: str | list[str | int | list[int]]
+    encoding_format: Literal["float", "base64"] = "float"  # base64: the float32 values' bytes, little-endian
+    dimensions: Annotated[int, Meta(ge=1)] | None = None  # a Matryoshka model's embeddings truncated
+    user: str | None = None  # accepted, unused
+    priority: limits.PRIORITY.type = 0  # as in GenerationRequest
+
+
 _DECODERS = {
     body_type: msgspec.json.Decoder(body_type)
-    for body_type in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
+    for body_type in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest,
+                      EmbeddingRequest)
 }
 
 

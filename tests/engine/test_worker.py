@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import itertools
 import signal
 import threading
@@ -16,6 +17,7 @@ from ember_core import SamplingParams
 from ember_proto import (
     PROTOCOL_VERSION,
     Abort,
+    EmbedOptions,
     FinishReason,
     Generate,
     Heartbeat,
@@ -110,6 +112,7 @@ def test_ready_carries_the_model_card(engine, context) -> None:
     assert card.vocab_size == 384 and card.max_model_len == 256
     assert card.tokenizer_spec == b""  # this checkpoint has no tokenizer files
     assert card.stop_token_ids == [0]
+    assert (card.hidden_size, card.matryoshka_dimensions, client.ready.task) == (64, None, "generate")
 
 
 def test_tokens_equal_the_offline_engine(engine, context, gpt2_llm) -> None:
@@ -206,6 +209,21 @@ def test_two_gateways_get_only_their_own_deltas_one_message_per_step(engine, con
         assert all(d.request_id.startswith(prefix) for s in steps for d in s.outputs)
         step_numbers = [s.step for s in steps]
         assert len(step_numbers) == len(set(step_numbers))
+
+
+def test_an_embedding_request_gets_the_offline_engines_vector_beside_generation(engine, context, gpt2_llm) -> None:
+    prompts = token_prompts(3, seed=43)
+    client = Client(context, engine[0])
+    client.generate("gen", prompts[0], max_tokens=6, temperature=0, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        client.send(Generate(f"emb{i}", prompt, SamplingOptions(max_tokens=0), time.time(), embed=EmbedOptions()))
+    results, steps = client.collect({"gen", "emb0", "emb1", "emb2"})
+    deltas = {d.request_id: d for s in steps for d in s.outputs if d.request_id.startswith("emb")}
+    offline = gpt2_llm.embed(prompts)
+    for i, out in enumerate(offline):
+        assert (results[f"emb{i}"]["finish"], results[f"emb{i}"]["tokens"]) == (FinishReason.STOP, [])
+        assert array.array("f", deltas[f"emb{i}"].embedding).tolist() == pytest.approx(out.embedding, abs=1e-6)
+    assert len(results["gen"]["tokens"]) == 6
 
 
 def test_an_idle_engine_sends_heartbeats(engine, context) -> None:
