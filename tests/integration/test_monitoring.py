@@ -1,6 +1,7 @@
 """The monitoring profile (deploy/monitoring): every query of the Grafana dashboard names only
 metrics that a live `ember serve` exports, reads engine-wide values once per engine however many
-gateways report them, and parses as PromQL; the Prometheus config passes promtool.
+gateways report them, and parses as PromQL; the Prometheus config passes promtool; the compose
+profile validates.
 
 The model served is a random mixture of experts, so that `ember_moe_expert_tokens_total` (sent only
 by a MoE model) is on /metrics too; the spec-decode counters are exported, at 0, without
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.test_deploy import needs_compose
 from tests.processes import served, wait_until
 
 pytest.importorskip("transformers")
@@ -166,3 +168,16 @@ def test_prometheus_scrapes_the_gateways_metrics_port() -> None:
     assert discovery["names"] == ["gateway"] and job["metrics_path"] == "/metrics"
     assert [str(discovery["port"])] == compose["services"]["gateway"]["expose"]
 
+
+@needs_compose
+def test_compose_monitoring_profile_is_valid_and_adds_only_its_services() -> None:
+    result = subprocess.run(["docker-compose", "--profile", "monitoring", "config"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert {name for name, service in services.items() if service.get("profiles") == ["monitoring"]} == {
+        "prometheus", "grafana"}
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            assert not source.startswith("./") or (ROOT / source).exists(), f"{name}: {source}"
