@@ -1,7 +1,7 @@
 """The monitoring profile (deploy/monitoring): every query of the Grafana dashboard names only
 metrics that a live `ember serve` exports, reads engine-wide values once per engine however many
-gateways report them, and parses as PromQL; the Prometheus config passes promtool; the compose
-profile validates.
+gateways report them, parses as PromQL, and answers series from a real Prometheus scraping that
+gateway; the Prometheus config passes promtool; the compose profile validates.
 
 The model served is a random mixture of experts, so that `ember_moe_expert_tokens_total` (sent only
 by a MoE model) is on /metrics too; the spec-decode counters are exported, at 0, without
@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_deploy import needs_compose
-from tests.processes import served, wait_until
+from tests.processes import free_port, http_status, served, stop_process, wait_until
 
 pytest.importorskip("transformers")
 from ember_bench.random_models import random_checkpoint
@@ -35,6 +36,10 @@ DASHBOARD = MONITORING / "grafana" / "ember-dashboard.json"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed (make test installs Debian's prometheus as root)"
+)
+PROMETHEUS = shutil.which("prometheus")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None, reason="prometheus is not installed (make test installs Debian's prometheus as root)"
 )
 NOT_ON_DASHBOARD = {"ember_num_preemptions_by_priority_total"}
 # A histogram's series; `_created` series are prometheus_client's start times, not shown.
@@ -88,9 +93,23 @@ def test_the_tokenizer_finds_names_and_skips_labels_ranges_and_functions() -> No
     assert [expr[span.start:span.stop] for span in per_engine_spans(expr)] == ["b:c offset 5m"]
 
 
+def scrape(base: str) -> dict[str, set[str]]:
+    """A gateway's /metrics: each sample name with its label names."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {sample.name: set(sample.labels) for metrics in text_string_to_metric_families(text)
+            for sample in metrics.samples}
+
+
+def with_grafana_variables(expr: str, rate_interval: str) -> str:
+    expr = expr.replace("$__rate_interval", rate_interval).replace("$model_name", ".*")
+    assert "$" not in expr, expr
+    return expr
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
-    """The live /metrics after a streamed and a whole completion: each sample name with its labels."""
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A live `ember serve` after a streamed and a whole completion, its expert load reported."""
     model_dir = random_checkpoint("qwen3_moe", tmp_path_factory.mktemp("monitoring") / "model", num_hidden_layers=2,
                                   num_experts=4, num_experts_per_tok=2)
     with served(model_dir, model_dir.parent / "serve.log") as base:
@@ -100,16 +119,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set
             response = client.completions.create(model=model, prompt="Tell me a story", max_tokens=6, stream=stream)
             if stream:
                 assert len(list(response)) > 1
-
-        def scrape() -> dict[str, set[str]]:
-            with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
-                text = response.read().decode()
-            return {sample.name: set(sample.labels) for metrics in text_string_to_metric_families(text)
-                    for sample in metrics.samples}
-
         # The expert load rides on the engine's messages at most once a second.
-        wait_until(lambda: "ember_moe_expert_tokens_total" in scrape(), 10, "the expert load on /metrics")
-        yield scrape()
+        wait_until(lambda: "ember_moe_expert_tokens_total" in scrape(base), 10, "the expert load on /metrics")
+        yield base
+
+
+@pytest.fixture(scope="module")
+def exported(gateway: str) -> dict[str, set[str]]:
+    return scrape(gateway)
 
 
 def test_every_dashboard_query_names_only_exported_metrics(exported: dict[str, set[str]]) -> None:
@@ -141,17 +158,39 @@ def test_engine_wide_values_are_taken_once_per_engine(exported: dict[str, set[st
 @needs_promtool
 def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule, with Grafana's variables given values."""
-    grafana_values = {"$__rate_interval": "1m", "$model_name": ".*"}
-    rules = []
-    for index, expr in enumerate(dashboard_queries()):
-        for variable, value in grafana_values.items():
-            expr = expr.replace(variable, value)
-        assert "$" not in expr, expr
-        rules.append({"record": f"dashboard:query_{index}", "expr": expr})
+    rules = [{"record": f"dashboard:query_{index}", "expr": with_grafana_variables(expr, "1m")}
+             for index, expr in enumerate(dashboard_queries())]
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_prometheus
+def test_every_dashboard_query_returns_series_from_a_real_prometheus(gateway: str, tmp_path: Path) -> None:
+    """Prometheus scrapes the live gateway every second, and each query, with a 5 s rate window,
+    answers at least one series."""
+    config = {"scrape_configs": [{"job_name": "ember-gateway", "scrape_interval": "1s",
+                                  "static_configs": [{"targets": [gateway.removeprefix("http://")]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address={url.removeprefix('http://')}"]
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        prometheus = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: prometheus.poll() is not None or http_status(f"{url}/-/ready") == 200, 30, "prometheus")
+        assert prometheus.poll() is None, (tmp_path / "prometheus.log").read_text()
+
+        def series(expr: str) -> list[dict]:
+            query = urllib.parse.urlencode({"query": with_grafana_variables(expr, "5s")})
+            with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as response:
+                return json.load(response)["data"]["result"]
+
+        for expr in dashboard_queries():
+            wait_until(lambda: bool(series(expr)), 30, f"a series from {expr}", interval=0.5)
+    finally:
+        stop_process(prometheus)
 
 
 @needs_promtool
