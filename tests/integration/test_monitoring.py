@@ -33,13 +33,9 @@ from ember_bench.random_models import random_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "deploy" / "monitoring"
 DASHBOARD = MONITORING / "grafana" / "ember-dashboard.json"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is not installed (make test installs Debian's prometheus as root)"
-)
-PROMETHEUS = shutil.which("prometheus")
+PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus is not installed (make test installs Debian's prometheus as root)"
+    None in (PROMETHEUS, PROMTOOL), reason="prometheus / promtool not installed (make test installs them as root)"
 )
 NOT_ON_DASHBOARD = {"ember_num_preemptions_by_priority_total"}
 # A histogram's series; `_created` series are prometheus_client's start times, not shown.
@@ -155,7 +151,7 @@ def test_engine_wide_values_are_taken_once_per_engine(exported: dict[str, set[st
                 assert all(any(offset in span for span in spans) for offset in offsets), f"{name} in {expr}"
 
 
-@needs_promtool
+@needs_prometheus
 def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule, with Grafana's variables given values."""
     rules = [{"record": f"dashboard:query_{index}", "expr": with_grafana_variables(expr, "1m")}
@@ -188,12 +184,12 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(gateway: st
                 return json.load(response)["data"]["result"]
 
         for expr in dashboard_queries():
-            wait_until(lambda: bool(series(expr)), 30, f"a series from {expr}", interval=0.5)
+            wait_until(lambda query=expr: bool(series(query)), 30, f"a series from {expr}", interval=0.5)
     finally:
         stop_process(prometheus)
 
 
-@needs_promtool
+@needs_prometheus
 def test_prometheus_config_is_valid() -> None:
     result = subprocess.run([PROMTOOL, "check", "config", str(MONITORING / "prometheus.yml")],
                             capture_output=True, text=True)
