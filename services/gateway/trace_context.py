@@ -7,6 +7,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
-    from ember_gateway.tracing import RequestTrace
+    from ember_gateway.request_trace import RequestTrace
 
 CURRENT_TRACE: ContextVar[RequestTrace | None] = ContextVar("ember_request_trace", default=None)
