@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -80,7 +81,7 @@ def test_a_request_has_its_queue_prefill_chunks_and_decode_under_the_gateways_sp
     assert [span.name for span in sorted(children, key=lambda span: span.start_time)] == ["queue", "prefill", "prefill", "decode"]
     assert [span.attributes["ember.tokens"] for span in _by_name(spans, "prefill")] == [130, 70]
     ordered = sorted(children, key=lambda span: span.start_time)
-    for earlier, later in zip(ordered, ordered[1:]):
+    for earlier, later in itertools.pairwise(ordered):
         assert earlier.end_time <= later.start_time  # one after the other
     assert request.start_time <= ordered[0].start_time and ordered[-1].end_time <= request.end_time
 

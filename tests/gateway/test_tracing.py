@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -45,7 +46,7 @@ async def test_a_stream_is_one_span_with_its_steps_under_the_callers_traceparent
     steps = sorted((span for span in spans if span is not root), key=lambda span: span.start_time)
     assert [span.name for span in steps] == ["validate", "tokenize", "generate"]
     assert all(span.parent.span_id == root.context.span_id for span in steps)
-    for earlier, later in zip(steps, steps[1:]):
+    for earlier, later in itertools.pairwise(steps):
         assert earlier.end_time <= later.start_time
     assert root.start_time <= steps[0].start_time and steps[-1].end_time <= root.end_time
     generate = steps[-1]
