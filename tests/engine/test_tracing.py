@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -108,3 +110,12 @@ def test_a_preempted_request_has_its_wait_and_its_prompt_again(traced) -> None:
     after = names[names.index("preempted") + 1:]
     assert after[0] == "prefill", names  # the prompt and the tokens so far, computed again
     assert request.attributes["gen_ai.usage.completion_tokens"] == 44
+
+
+def test_an_endpoint_that_is_no_url_stops_the_engine_before_it_loads_a_model() -> None:
+    result = subprocess.run([sys.executable, "-m", "ember_engine", "--model", "/no/such/model", "--otlp-traces-endpoint",
+                             "collector:4318"], check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "ember-engine: error: otlp_traces_endpoint must be an http:// or https:// URL, got 'collector:4318'"
+    )
