@@ -11,8 +11,9 @@ import msgspec
 
 # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
 # (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs;
-# 6: embeddings (Generate.embed, RequestDelta.embedding, Ready.task, the ModelCard's embedding sizes)
-PROTOCOL_VERSION = 6
+# 6: embeddings (Generate.embed, RequestDelta.embedding, Ready.task, the ModelCard's embedding sizes);
+# 7: Generate.traceparent
+PROTOCOL_VERSION = 7
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -95,6 +96,8 @@ class Generate(_Message):
     # resuming its requests on a restarted engine).
     output_token_ids: list[int] = []
     embed: EmbedOptions | None = None
+    # W3C trace context of the gateway's span (OpenTelemetry tracing on); the engine's spans are its children
+    traceparent: str | None = None
 
 
 class Abort(_Message):

@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Sequence_
 from typing import Any
 
@@ -102,6 +102,8 @@ class Engine:
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         self._aborted: list[RequestDelta] = []
+        # Sees each step's schedule before the step runs (the engine worker's tracing, when on).
+        self.schedule_observer: Callable[[SchedulerOutput], None] | None = None
 
     @property
     def tokenizer(self):
@@ -211,6 +213,8 @@ class Engine:
         deltas, self._aborted = self._aborted, []
         self._propose_drafts()
         decision = self.scheduler.schedule()
+        if self.schedule_observer is not None:
+            self.schedule_observer(decision)
         for seq in decision.finished:
             deltas.append(self._finished_delta(seq, []))
         if decision.is_empty:

@@ -64,6 +64,8 @@ def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
             argv.append(f"--{flag}" if value else f"--no-{flag}")
         elif value is not None:
             argv += [f"--{flag}", str(value)]
+    if args.otlp_traces_endpoint is not None:  # a gateway flag the engines take too: one trace spans both
+        argv += ["--otlp-traces-endpoint", args.otlp_traces_endpoint]
     return argv
 
 

@@ -6,9 +6,13 @@ import argparse
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from ember_core.engine_args import add_engine_arguments, engine_kwargs_from_args
 from ember_core.log_level import add_log_level_argument, configure_logging
+
+if TYPE_CHECKING:
+    from ember_engine.tracing import EngineTracer
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 
@@ -22,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-interval", type=float, default=os.environ.get("EMBER_HEARTBEAT_INTERVAL", 1.0))
     parser.add_argument("--shutdown-timeout", type=float, default=os.environ.get("EMBER_SHUTDOWN_TIMEOUT", 10.0),
                         help="seconds in-flight requests may finish after SIGTERM before they are aborted")
+    parser.add_argument("--otlp-traces-endpoint", default=os.environ.get("EMBER_OTLP_TRACES_ENDPOINT"),
+                        help="export each request's spans over OTLP/HTTP to this URL, e.g. http://collector:4318 "
+                        "(its /v1/traces); default off (EMBER_OTLP_TRACES_ENDPOINT)")
     add_log_level_argument(parser)
     return parser
 
@@ -34,11 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     from ember_engine.worker import EngineWorker, WorkerOptions
 
     try:
+        tracer = None if args.otlp_traces_endpoint is None else _tracer(args.otlp_traces_endpoint)
         engine = Engine(EngineConfig(**engine_kwargs_from_args(args)))
         worker = EngineWorker(
             engine,
             args.served_model_name or args.model,
             WorkerOptions(args.bind, args.heartbeat_interval, args.shutdown_timeout),
+            tracer,
         )
     except (ValueError, OSError) as exc:
         print(f"ember-engine: error: {exc}", file=sys.stderr)
@@ -46,6 +55,13 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_shutdown())
     worker.run()
+
+
+def _tracer(endpoint: str) -> EngineTracer:
+    from ember_core.tracing import otlp_exporter, tracer_provider
+    from ember_engine.tracing import EngineTracer
+
+    return EngineTracer(tracer_provider("ember-engine", otlp_exporter(endpoint)))
 
 
 if __name__ == "__main__":

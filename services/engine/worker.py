@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
@@ -43,6 +44,9 @@ from ember_proto import (
     make_socket,
 )
 
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from ember_engine.tracing import EngineTracer
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,10 +67,13 @@ class _Gateways:
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, model_id: str, options: WorkerOptions) -> None:
+    def __init__(self, engine: Engine, model_id: str, options: WorkerOptions, tracer: EngineTracer | None = None) -> None:
         self.engine = engine
         self.options = options
         self.engine_id = uuid.uuid4().hex
+        self.tracer = tracer
+        if tracer is not None:
+            engine.schedule_observer = tracer.scheduled
         self.context = zmq.Context()
         self.socket = make_socket(self.context, zmq.ROUTER, options.bind, bind=True)
         # Sending to a disconnected gateway raises EHOSTUNREACH instead of dropping the message.
@@ -131,6 +138,8 @@ class EngineWorker:
             beats.join()
             self.socket.close()
             self.context.term()
+            if self.tracer is not None:
+                self.tracer.shutdown()
         logger.info("engine stopped")
 
     def _heartbeat_during_steps(self) -> None:
@@ -198,6 +207,8 @@ class EngineWorker:
         except (ValueError, TypeError) as exc:  # RequestRejected is a ValueError
             self._send(identity, Rejected(request_id, RejectCode.INVALID_REQUEST, str(exc)))
             return
+        if self.tracer is not None:
+            self.tracer.started(message)
         self.gateways.owner_of[request_id] = identity
         if message.deadline is not None:
             heapq.heappush(self.deadlines, (message.deadline, request_id))
@@ -225,6 +236,8 @@ class EngineWorker:
         finally:
             self.stepping = False
         self.step_counter += 1
+        if self.tracer is not None:
+            self.tracer.step_ended(deltas)
         by_gateway: dict[bytes, list[RequestDelta]] = {}
         for delta in deltas:
             owner = self.gateways.owner_of.get(delta.request_id)
@@ -257,7 +270,9 @@ class EngineWorker:
     def _fail_all(self, message: str) -> None:
         in_flight = dict(self.gateways.owner_of)
         self.engine.abort(list(in_flight))
-        self.engine.step()  # only collects the abort deltas: nothing is left to compute
+        deltas = self.engine.step()  # only collects the abort deltas: nothing is left to compute
+        if self.tracer is not None:
+            self.tracer.step_ended(deltas)
         self.gateways.owner_of.clear()
         for request_id, identity in in_flight.items():
             self._send(identity, Rejected(request_id, RejectCode.INTERNAL, message))

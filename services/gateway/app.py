@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -27,12 +28,19 @@ from ember_gateway.responses_api import create_response
 from ember_gateway.state import STATE, GatewayState
 from ember_gateway.tokenize import detokenize, tokenize
 
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from opentelemetry.sdk.trace import TracerProvider
+
 logger = logging.getLogger(__name__)
 
 _OPEN_PATHS = ("/health", "/metrics", "/openapi.json")  # probes, scrapers and API clients need no API key
 
 
-def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.Application:
+def create_app(
+    config: GatewayConfig, pool: EnginePool | None = None, tracer_provider: TracerProvider | None = None
+) -> web.Application:
+    """tracer_provider: where the requests' spans go (tests); by default, when
+    config.otlp_traces_endpoint is set, batched to it."""
     pool = pool or EnginePool(
         list(config.engine_addresses),
         routing=config.routing,
@@ -64,7 +72,16 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
     )
     app.on_startup.append(_start_pool)
     app.on_cleanup.append(_close_pool)
+    if tracer_provider is not None or config.otlp_traces_endpoint is not None:
+        _add_tracing(app, config.otlp_traces_endpoint, tracer_provider)
     return app
+
+
+def _add_tracing(app: web.Application, endpoint: str | None, provider: TracerProvider | None) -> None:
+    from ember_core.tracing import otlp_exporter, tracer_provider
+    from ember_gateway.tracing import add_tracing
+
+    add_tracing(app, provider or tracer_provider("ember-gateway", otlp_exporter(endpoint)))
 
 
 async def start_runner(app: web.Application, shutdown_timeout: float = 10.0) -> web.AppRunner:

@@ -53,6 +53,10 @@ class GatewayConfig:
     """seconds an idle connection is kept open between requests"""
     max_connections: int = 1024
     """open HTTP connections; more are answered 503 at accept"""
+    otlp_traces_endpoint: str | None = None
+    """export each request's OpenTelemetry spans over OTLP/HTTP to this URL, e.g.
+    http://collector:4318 (its /v1/traces); a `traceparent` header makes them part of the caller's
+    trace. `ember serve` passes it to its engines too"""
     listen_fd: int | None = None
     """serve on this inherited listening socket instead of binding --host/--port (what `ember serve`
     passes)"""
@@ -92,3 +96,7 @@ class GatewayConfig:
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
         if self.model_name == "":
             raise ValueError("model_name must not be empty")
+        if self.otlp_traces_endpoint is not None:
+            from ember_core.tracing import traces_url  # OpenTelemetry: imported only when tracing is on
+
+            traces_url(self.otlp_traces_endpoint)  # raises ValueError for one that is no URL

@@ -25,6 +25,7 @@ from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, fail
 from ember_gateway.parking import Parking
 from ember_gateway.router import Candidate, choose
+from ember_gateway.trace_context import CURRENT_TRACE
 from ember_proto import EngineStats, Generate
 
 logger = logging.getLogger(__name__)
@@ -198,11 +199,13 @@ class EnginePool:
                       client.model.step_token_budget or DEFAULT_STEP_TOKEN_BUDGET, client.idle)
             for client, tokens in zip(candidates, uncached)
         ]
-        index = 0
+        index, reason = 0, "only"
         if len(candidates) > 1:
             decision = choose(scored, self._routing, turn)
             self.routing_decisions[decision.reason] += 1
-            index = decision.index
+            index, reason = decision.index, decision.reason
+        if (trace := CURRENT_TRACE.get()) is not None:
+            trace.routed(candidates[index].address, reason)
         candidates[index].submit(generates, queue, uncached[index], hashes(candidates[index]))
 
     def _move(self, source: EngineClient, in_flight: InFlight) -> InFlight:

@@ -19,6 +19,7 @@ from ember_gateway.engine_pool import EnginePool
 from ember_gateway.errors import ApiError, engine_unavailable
 from ember_gateway.inflight import EngineFailure, Output
 from ember_gateway.metrics import GatewayMetrics
+from ember_gateway.trace_context import CURRENT_TRACE
 from ember_proto import EmbedOptions, FinishReason, Generate, RequestDelta
 
 
@@ -60,6 +61,8 @@ class Generation:
         self._choices = [_Choice(f"{request_id}-{index}", len(choice.prompt_ids)) for index, choice in enumerate(choices)]
         self._processor = OutputProcessor(model.tokenizer, choices, model.card.stop_token_ids)
         self._queue: asyncio.Queue[Output] | None = None
+        self._trace = CURRENT_TRACE.get()
+        self._request_id = request_id
 
     @property
     def completion_tokens(self) -> int:
@@ -83,6 +86,9 @@ class Generation:
             )
         arrival_time = time.time() - (time.monotonic() - self._arrived_at)
         deadline = None if self._timeout is None else arrival_time + self._timeout
+        traceparent = None
+        if self._trace is not None:
+            traceparent = self._trace.generation_started(self._request_id, self._model.name, self._requests)
         self._queue = self._pool.submit(
             [
                 Generate(
@@ -92,6 +98,7 @@ class Generation:
                     arrival_time=arrival_time,
                     deadline=deadline,
                     embed=self._embed,
+                    traceparent=traceparent,
                 )
                 for choice, request in zip(self._choices, self._requests)
             ],
@@ -101,6 +108,8 @@ class Generation:
 
     def __exit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
         self._pool.release([self._choices[index].request_id for index in self._processor.unfinished()])
+        if self._trace is not None:
+            self._trace.generation_ended(self.completion_tokens)
 
     async def next_update(self) -> ChoiceUpdate | None:
         """The next update of any choice; None once every choice has finished. Raises ApiError
@@ -162,6 +171,8 @@ class Generation:
         name = self._model.name
         if choice.last_token_at is None:
             self._metrics.time_to_first_token.labels(name).observe(now - self._arrived_at)
+            if self._trace is not None and not self.completion_tokens:
+                self._trace.first_token(now - self._arrived_at)
             # the engine's message before the first token's: about when the step that computed it began
             self._metrics.request_queue_time.labels(name).observe(max(0.0, previous_message_at - self._arrived_at))
             self._metrics.prompt_tokens.labels(name).inc(choice.prompt_length)

@@ -12,6 +12,7 @@ from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.schemas import Body, GenerationRequest, decode_body
 from ember_gateway.state import STATE, GatewayState
+from ember_gateway.trace_context import CURRENT_TRACE
 
 # What aiohttp decodes (br and zstd with the Brotli and backports.zstd packages); any other body
 # would be read as it is, compressed.
@@ -30,6 +31,8 @@ async def accept(request: web.Request, body_type: type[Body]) -> tuple[GatewaySt
     if isinstance(body, GenerationRequest) and model.task == "embed":
         raise ApiError(400, f"the model `{model.name}` serves embeddings only (its engine runs --task embed): "
                        "use /v1/embeddings", param="model")
+    if (trace := CURRENT_TRACE.get()) is not None:
+        trace.step_done("validate")
     return state, model, body
 
 

@@ -98,17 +98,19 @@ async def replying() -> AsyncIterator[ReplyingEngine]:
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    """start_gateway(engine, watchdog_s=..., **GatewayConfig fields) -> a Gateway on a free port,
-    ready unless wait_ready=False. Requests wait 0.2 s for a missing engine unless engine_wait says."""
+    """start_gateway(engine, watchdog_s=..., tracer_provider=..., **GatewayConfig fields) -> a Gateway on
+    a free port, ready unless wait_ready=False. Requests wait 0.2 s for a missing engine unless
+    engine_wait says."""
     runners: list[web.AppRunner] = []
     sessions: list[aiohttp.ClientSession] = []
 
-    async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True, **config: Any) -> Gateway:
+    async def start(engine: FakeEngine, *, watchdog_s: float = 3.0, wait_ready: bool = True,
+                    tracer_provider: Any = None, **config: Any) -> Gateway:
         config.setdefault("engine_wait", 0.2)
         gateway_config = GatewayConfig(
             engine_addresses=(engine.address,), port=free_port(), engine_timeout=watchdog_s, **config
         )
-        app = create_app(gateway_config)
+        app = create_app(gateway_config, tracer_provider=tracer_provider)
         runner = await start_runner(app, shutdown_timeout=1.0)
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", gateway_config.port).start()
