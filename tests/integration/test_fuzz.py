@@ -14,7 +14,7 @@ import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import hypothesis
 import pytest
@@ -29,6 +29,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from ember_gateway.response_objects import ResponseEvent
 from tests.gateway.conftest import parse_sse
 from tests.processes import engine_argv, free_port, spawned, start_gateway
 
@@ -37,18 +38,25 @@ pytestmark = pytest.mark.fuzz
 SEED = int(os.environ.get("EMBER_FUZZ_SEED", "20250601"))
 MODEL = "smol"
 VOCAB_SIZE = 49152  # SmolLM2's
-POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
-EXAMPLES = {"/v1/completions": 40, "/v1/chat/completions": 40, "/tokenize": 20, "/detokenize": 20}  # per mode
+POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize")
+EXAMPLES = {"/v1/completions": 40, "/v1/chat/completions": 40, "/v1/responses": 30, "/v1/embeddings": 20,
+            "/tokenize": 20, "/detokenize": 20}  # per mode
+REQUESTS = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "EmbeddingRequest", "TokenizeRequest",
+            "DetokenizeRequest")
 # Generated values above these are clamped, so every request generates a few tokens at most.
-CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "min_tokens": 4, "n": 2}
+CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_output_tokens": 4, "min_tokens": 4, "n": 2}
 GREEDY = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0,
           "max_tokens": 8}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 # fields ember takes only at their no-op values (schemas.py): anything else is a 400
 NO_OP_ONLY = {"tool_choice", "function_call", "use_beam_search", "bad_words", "allowed_token_ids", "prompt_logprobs",
-              "truncate_prompt_tokens", "suffix", "audio"}
+              "truncate_prompt_tokens", "suffix", "audio", "store", "previous_response_id", "background",
+              "conversation", "reasoning", "include", "top_logprobs", "truncation", "dimensions"}
 REF_TEXT, REF_MESSAGE = "#/components/schemas/TextPart", "#/components/schemas/ChatMessage"
 STREAM_EVENTS = {"/v1/completions": "CompletionChunk", "/v1/chat/completions": "ChatCompletionChunk"}
+# The Responses API streams typed events (`event: TYPE`) and no [DONE]; the last is one of these.
+RESPONSE_EVENTS = tuple(event.__name__ for event in get_args(ResponseEvent))
+LAST_RESPONSE_EVENTS = {"response.completed", "response.incomplete", "response.failed"}
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -91,9 +99,9 @@ def schema(document: dict[str, Any]) -> schemathesis.BaseSchema:
     fields, which the gateway ignores."""
     fuzzed = json.loads(json.dumps(document))
     schemas = fuzzed["components"]["schemas"]
-    for name in ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest", "ChatMessage"):
+    for name in (*REQUESTS, "ChatMessage"):
         schemas[name]["additionalProperties"] = False
-    for name in ("CompletionRequest", "ChatCompletionRequest", "TokenizeRequest", "DetokenizeRequest"):
+    for name in REQUESTS:
         properties = schemas[name]["properties"]
         properties["model"] = {"const": MODEL}
         for field, cap in CAPS.items():
@@ -104,7 +112,7 @@ def schema(document: dict[str, Any]) -> schemathesis.BaseSchema:
             properties[field] = {"type": "null"}
     token_id = {"type": "integer", "minimum": 0, "maximum": VOCAB_SIZE - 1}
     text = {"type": "string", "minLength": 1}
-    schemas["CompletionRequest"]["properties"]["prompt"] = {"anyOf": [
+    schemas["CompletionRequest"]["properties"]["prompt"] = schemas["EmbeddingRequest"]["properties"]["input"] = {"anyOf": [
         text, {"type": "array", "minItems": 1, "items": text},
         {"type": "array", "minItems": 1, "items": token_id},
     ]}
@@ -137,9 +145,10 @@ def _prepared(body: Any) -> Any:
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             body[field] = cap
-    generates = "messages" in body or "prompt" in body
-    if generates and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+    if ("messages" in body or "prompt" in body) and body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = CAPS["max_tokens"]
+    if "input" in body and "encoding_format" not in body and body.get("max_output_tokens") is None:  # a Response
+        body["max_output_tokens"] = CAPS["max_output_tokens"]
     return body
 
 
@@ -149,6 +158,19 @@ def _check_stream(text: str, validator: Draft202012Validator, note: str) -> None
     for event in events:
         errors = [error.message for error in validator.iter_errors(event)]
         assert not errors, (note, event, errors)
+
+
+def _check_response_stream(text: str, validator: Draft202012Validator, note: str) -> None:
+    events = []
+    for block in filter(None, text.split("\n\n")):
+        name_line, data_line = block.split("\n")
+        event = json.loads(data_line.removeprefix("data: "))
+        assert name_line == f"event: {event['type']}", note
+        errors = [error.message for error in validator.iter_errors(event)]
+        assert not errors, (note, event, errors)
+        events.append(event)
+    assert events and events[-1]["type"] in LAST_RESPONSE_EVENTS, note
+    assert [event["sequence_number"] for event in events] == list(range(len(events))), note
 
 
 def test_the_fuzz_covers_every_post_route(document: dict[str, Any]):
@@ -161,7 +183,13 @@ def test_fuzz(gateway_url: str, greedy_before: str, document: dict[str, Any], sc
               path: str, mode: GenerationMode):
     print(f"fuzz seed: EMBER_FUZZ_SEED={SEED}")
     operation = schema[path]["POST"]
-    stream_validator = Draft202012Validator({**document, "$ref": f"#/components/schemas/{STREAM_EVENTS.get(path)}"})
+    if path == "/v1/responses":
+        check_stream = _check_response_stream
+        events = {"anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in RESPONSE_EVENTS]}
+        stream_validator = Draft202012Validator({**document, **events})
+    else:
+        check_stream = _check_stream
+        stream_validator = Draft202012Validator({**document, "$ref": f"#/components/schemas/{STREAM_EVENTS.get(path)}"})
 
     @hypothesis.seed(SEED)
     @hypothesis.settings(
@@ -176,7 +204,7 @@ def test_fuzz(gateway_url: str, greedy_before: str, document: dict[str, Any], sc
         note = f"EMBER_FUZZ_SEED={SEED}\n{case.as_curl_command()}\n-> {response.status_code} {response.text[:2000]}"
         case.validate_response(response, checks=CHECKS)
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
-            _check_stream(response.text, stream_validator, note)
+            check_stream(response.text, stream_validator, note)
         if 400 <= response.status_code < 500:
             error = response.json().get("error")
             assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, note
