@@ -7,6 +7,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+from ember_bench.local_server import engines_ready
 from tests.integration.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.processes import served, wait_until
 
@@ -30,6 +31,8 @@ def test_a_request_is_one_trace_across_gateway_and_engine(model_dir: Path) -> No
         log = model_dir.parent / "traced-serve.log"
         with served(model_dir, log, "--data-parallel-size", "2", "--otlp-traces-endpoint", receiver.url,
                     "--num-blocks", "64", "--block-size", "4") as base:
+            # /health is 200 once one engine is ready; the router chooses only once both are
+            wait_until(lambda: engines_ready(base) == 2, 60, "both engines")
             stream = _post(f"{base}/v1/chat/completions", {
                 "model": str(model_dir), "messages": [{"role": "user", "content": "Hello there"}],
                 "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True,
