@@ -311,7 +311,7 @@ class EngineWorker:
         self.engine.step_samples.clear()
         block_map = BlockMap(self.engine_id, holders, running, waiting, steps)
         for identity in list(self.block_watchers):
-            self._send(identity, block_map)
+            self._send(identity, block_map, defers_heartbeat=False)
 
     def _announce_drain(self) -> None:
         """Tells every gateway at once that no new request may come here, so they route elsewhere
@@ -339,8 +339,10 @@ class EngineWorker:
             else:  # a health probe done, a gateway scaled away: nothing lost
                 logger.debug("gateway %s went away with no request in flight", name)
 
-    def _send(self, identity: bytes, message) -> None:
-        if identity in self.gateways.last_sent:
+    def _send(self, identity: bytes, message, defers_heartbeat: bool = True) -> None:
+        """defers_heartbeat: False for BlockMaps, sent so often that they would hold back the
+        heartbeats, and with them the stats, of an idle engine."""
+        if defers_heartbeat and identity in self.gateways.last_sent:
             self.gateways.last_sent[identity] = time.monotonic()
         with self.socket_lock:
             try:
