@@ -14,6 +14,7 @@ from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
 from ember_gateway.connections import EdgeAppRunner, EdgeLimits
 from ember_gateway.cors import add_cors_headers, cors_middleware
+from ember_gateway.dashboard import dashboard_asset, dashboard_events, dashboard_page
 from ember_gateway.embeddings import create_embeddings
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.engine_pool import EnginePool
@@ -29,7 +30,10 @@ from ember_gateway.tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")  # probes, scrapers and API clients need no API key
+# Probes, scrapers, API clients and the dashboard's static files (the package's own) need no API key.
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json", "/dashboard/dashboard.js", "/dashboard/dashboard.css")
+# A browser's address bar and EventSource send no Authorization header: these take the key as ?key=.
+_QUERY_KEY_PATHS = ("/dashboard", "/dashboard/events")
 
 
 def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.Application:
@@ -60,6 +64,10 @@ def create_app(config: GatewayConfig, pool: EnginePool | None = None) -> web.App
             web.get("/health", health),
             web.get("/metrics", metrics),
             web.get("/openapi.json", openapi_document),
+            web.get("/dashboard", dashboard_page),
+            web.get("/dashboard/events", dashboard_events),
+            web.get("/dashboard/dashboard.js", dashboard_asset),
+            web.get("/dashboard/dashboard.css", dashboard_asset),
         ]
     )
     app.on_startup.append(_start_pool)
@@ -119,6 +127,8 @@ def _api_key_error(request: web.Request, expected: bytes | None) -> ApiError | N
     scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
     # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected):
+        return None
+    if request.path in _QUERY_KEY_PATHS and hmac.compare_digest(request.query.get("key", "").encode(), expected):
         return None
     return ApiError(
         401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
