@@ -4,6 +4,7 @@
 
 const BLOCK_FREE = 0, BLOCK_CACHED = 1, BLOCK_HELD = 2;  // ember_proto's BlockMap.holders values
 const COLORS = [[48, 54, 61], [88, 166, 255], [63, 185, 80]];  // free, cached, held (as the CSS swatches)
+const HELD_SHADES = ["rgb(63,185,80)", "rgb(35,134,54)"];  // neighbouring requests' blocks alternate
 const CELL_PX = 9, GAP_PX = 1, MAX_ROWS = 40;  // past MAX_ROWS rows a cell stands for several blocks
 const RATE_WINDOW_S = 5, HISTORY_S = 300, LIST_LENGTH = 8;
 
@@ -59,7 +60,9 @@ function drawBlocks(view, engine) {
   const {context} = sizeCanvas(view.blocks, Math.max(grid.rows, 1) * CELL_PX);
   for (let cell = 0; cell < grid.cells; cell++) {
     const start = cell * grid.blocksPerCell;
-    context.fillStyle = mixColor(cellCounts(holders, start, Math.min(start + grid.blocksPerCell, holders.length)));
+    context.fillStyle = grid.blocksPerCell === 1 && holders[start] >= BLOCK_HELD
+      ? HELD_SHADES[holders[start] % 2]
+      : mixColor(cellCounts(holders, start, Math.min(start + grid.blocksPerCell, holders.length)));
     context.fillRect((cell % grid.columns) * CELL_PX, Math.floor(cell / grid.columns) * CELL_PX,
       CELL_PX - GAP_PX, CELL_PX - GAP_PX);
   }
