@@ -231,6 +231,7 @@ BLOCK_FREE = 0
 BLOCK_CACHED = 1
 BLOCK_HELD = 2
 BLOCK_MAP_HZ = 4  # the most BlockMaps an engine sends a second
+BLOCK_MAP_STEPS = 64  # the most StepSamples a BlockMap carries
 
 
 class BlockMap(_Message):
@@ -241,7 +242,7 @@ class BlockMap(_Message):
     holders: bytes  # one unsigned 16-bit little-endian value per block: BLOCK_FREE, BLOCK_CACHED, BLOCK_HELD + i
     running: list[str]  # request ids, oldest first; a held block names one of its holders
     waiting: list[str]  # request ids, next first
-    steps: list[StepSample]  # oldest first, at most the last 64
+    steps: list[StepSample]  # oldest first, at most the last BLOCK_MAP_STEPS
 
 
 EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents | BlockMap

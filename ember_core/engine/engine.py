@@ -33,7 +33,15 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.runner.token_masks import TokenMask, TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
-from ember_proto import EmbedOptions, EngineStats, FinishReason, RequestDelta, StepSample, TokenLogprob
+from ember_proto import (
+    BLOCK_MAP_STEPS,
+    EmbedOptions,
+    EngineStats,
+    FinishReason,
+    RequestDelta,
+    StepSample,
+    TokenLogprob,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +111,7 @@ class Engine:
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
         self._aborted: list[RequestDelta] = []
-        self.step_samples: deque[StepSample] = deque(maxlen=64)  # the last steps' composition, for dashboards
+        self.step_samples: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)  # for dashboards
 
     @property
     def tokenizer(self):

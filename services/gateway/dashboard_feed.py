@@ -32,7 +32,7 @@ class EngineView(Shape):
     holders: bytes
     running: list[str]
     waiting: list[str]
-    steps: list[StepView]  # the last 64 the gateway heard of, oldest first
+    steps: list[StepView]  # the last BLOCK_MAP_STEPS (ember_proto) the gateway heard of, oldest first
 
 
 class Totals(Shape):

@@ -22,6 +22,7 @@ from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.kv_index import KvIndex
 from ember_proto import (
+    BLOCK_MAP_STEPS,
     PROTOCOL_VERSION,
     Abort,
     BlockMap,
@@ -87,7 +88,7 @@ class EngineClient:
         self.kv_index = KvIndex()
         # For the dashboard, while one watches: the engine's latest BlockMap and its last steps
         self.block_map: BlockMap | None = None
-        self.recent_steps: deque[StepSample] = deque(maxlen=64)
+        self.recent_steps: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
         self.tokens_sent_since_stats = 0  # the prompt tokens they will compute there

@@ -6,7 +6,7 @@ const BLOCK_FREE = 0, BLOCK_CACHED = 1, BLOCK_HELD = 2;  // ember_proto's BlockM
 const COLORS = [[48, 54, 61], [88, 166, 255], [63, 185, 80]];  // free, cached, held (as the CSS swatches)
 const HELD_SHADES = ["rgb(63,185,80)", "rgb(35,134,54)"];  // neighbouring requests' blocks alternate
 const CELL_PX = 9, GAP_PX = 1, MAX_ROWS = 40;  // past MAX_ROWS rows a cell stands for several blocks
-const RATE_WINDOW_S = 5, HISTORY_S = 300, LIST_LENGTH = 8;
+const RATE_WINDOW_S = 5, HISTORY_S = 300, LIST_LENGTH = 8, STEPS_SHOWN = 64;  // ember_proto.BLOCK_MAP_STEPS
 
 const key = new URLSearchParams(location.search).get("key");
 const feedUrl = "dashboard/events" + (key ? "?key=" + encodeURIComponent(key) : "");
@@ -114,16 +114,17 @@ function fillList(list, ids) {
 }
 
 function drawSteps(view, steps) {
-  const {context, width} = sizeCanvas(view.steps, 64);
+  const height = 64;
+  const {context, width} = sizeCanvas(view.steps, height);
   const peak = Math.max(1, ...steps.map((s) => s.prefill_tokens + s.decode_tokens));
-  const barWidth = width / 64;
+  const barWidth = width / STEPS_SHOWN;
   steps.forEach((step, i) => {
     const x = i * barWidth;
-    const prefill = (step.prefill_tokens / peak) * 64, decode = (step.decode_tokens / peak) * 64;
+    const prefill = (step.prefill_tokens / peak) * height, decode = (step.decode_tokens / peak) * height;
     context.fillStyle = "#3fb950";
-    context.fillRect(x, 64 - decode, barWidth - 1, decode);
+    context.fillRect(x, height - decode, barWidth - 1, decode);
     context.fillStyle = "#d29922";
-    context.fillRect(x, 64 - decode - prefill, barWidth - 1, prefill);
+    context.fillRect(x, height - decode - prefill, barWidth - 1, prefill);
   });
   const last = steps[steps.length - 1];
   const meanMs = steps.length ? (1000 * steps.reduce((sum, s) => sum + s.seconds, 0)) / steps.length : 0;
