@@ -128,10 +128,13 @@ def _api_key_error(request: web.Request, expected: bytes | None) -> ApiError | N
     # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected):
         return None
-    if request.path in _QUERY_KEY_PATHS and hmac.compare_digest(request.query.get("key", "").encode(), expected):
-        return None
+    how = "send `Authorization: Bearer KEY`"
+    if request.path in _QUERY_KEY_PATHS:
+        if hmac.compare_digest(request.query.get("key", "").encode(), expected):
+            return None
+        how += f" or open {request.path}?key=KEY"
     return ApiError(
-        401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
+        401, f"missing or invalid API key ({how})", code="invalid_api_key",
         headers={"WWW-Authenticate": "Bearer"},
     )
 

@@ -46,6 +46,8 @@ async def test_with_an_api_key_the_page_and_feed_take_it_as_a_header_or_query(fa
     for path, status in expected.items():
         async with gateway.http.get(path) as response:
             assert response.status == status, path
+    async with gateway.http.get("/dashboard") as response:
+        assert "open /dashboard?key=KEY" in (await response.json())["error"]["message"]
     async with gateway.http.get("/dashboard", headers={"Authorization": "Bearer secret"}) as response:
         assert response.status == 200
     async with gateway.http.get("/dashboard/events?key=secret") as response:
