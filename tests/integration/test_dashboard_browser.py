@@ -1,7 +1,7 @@
 """GET /dashboard in headless Chromium, driven over the DevTools protocol, against `ember serve
 --data-parallel-size 2` serving the default model: the page shows both engines, their blocks turn
 from free to held under load and back to free after it, and a screenshot taken under load is written
-next to the test's logs (dashboard.png)."""
+next to the test's logs (dashboard.png). Hovering a held block names the request holding it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it as root)")
 SERVE_FLAGS = ("--data-parallel-size", "2", "--num-blocks", "96", "--block-size", "16", "--max-num-seqs", "8",
                "--model-name", "smollm2-135m-instruct")
+# Where the first engine's first held block is drawn, in the page's coordinates.
+FIRST_HELD_CELL = """(() => {
+    const view = [...engines.values()][0], grid = view.grid, box = view.blocks.getBoundingClientRect();
+    const cell = Math.floor(grid.holders.findIndex(value => value >= BLOCK_HELD) / grid.blocksPerCell);
+    return {x: box.left + (cell % grid.columns) * CELL_PX + 3, y: box.top + Math.floor(cell / grid.columns) * CELL_PX + 3};
+})()"""
 # A pool of 64k blocks, drawn as the feed would send it: it must fit in at most 40 rows of cells.
 HUGE_POOL = """(() => {
     const bytes = new Uint8Array(2 * 65536);
@@ -123,6 +129,9 @@ async def test_the_page_shows_both_engines_blocks_held_under_load_and_freed_afte
             assert all(engine["held"] == 0 for engine in idle) and len({e["id"] for e in idle}) == 2
             load = asyncio.create_task(_load(url, health["model"], count=16))
             await page.until(ENGINES, lambda engines: all(e["held"] > 0 for e in engines), "blocks held on both")
+            cell = await page.evaluate(FIRST_HELD_CELL)
+            await page.command("Input.dispatchMouseEvent", type="mouseMoved", x=cell["x"], y=cell["y"])
+            assert re.fullmatch(r"block \d+: held by cmpl-\S+", await page.evaluate("tooltip.textContent"))
             await asyncio.sleep(1)  # an update or two more, for the charts
             shot = await page.command("Page.captureScreenshot", format="png")
             (tmp_path / "dashboard.png").write_bytes(base64.b64decode(shot["data"]))
