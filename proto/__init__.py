@@ -1,13 +1,13 @@
 """ember's wire protocol (installed as `ember_proto`): see README.md beside this file."""
 
 from ember_proto.messages import (
-    PROBE_ID_PREFIX,
-    PROTOCOL_VERSION,
     BLOCK_CACHED,
     BLOCK_FREE,
     BLOCK_HELD,
     BLOCK_MAP_HZ,
     BLOCK_MAP_STEPS,
+    PROBE_ID_PREFIX,
+    PROTOCOL_VERSION,
     Abort,
     BlockMap,
     EmbedOptions,

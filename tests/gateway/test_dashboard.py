@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 

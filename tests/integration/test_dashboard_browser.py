@@ -78,12 +78,16 @@ class DevTools:
         return value
 
 
-@asynccontextmanager
-async def chromium(log: Path, user_data: Path) -> AsyncIterator[DevTools]:
+def _start_chromium(log: Path, user_data: Path) -> subprocess.Popen:
     argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
             f"--user-data-dir={user_data}", "--window-size=1400,1000", "about:blank"]
     with open(log, "wb") as output:
-        process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT)
+
+
+@asynccontextmanager
+async def chromium(log: Path, user_data: Path) -> AsyncIterator[DevTools]:
+    process = _start_chromium(log, user_data)
     try:
         port = await _devtools_port(log, process)
         async with aiohttp.ClientSession() as session:
