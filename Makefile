@@ -28,14 +28,14 @@ run serve: $(STAMP)
 generate: $(STAMP)
 	$(VENV)/bin/ember generate $(ARGS)
 
-# nginx, docker-compose and promtool (Debian's prometheus) validate deploy/ in the tests; installed
-# from Debian's packages when root.
+# nginx, docker-compose and promtool (Debian's prometheus) validate deploy/ in the tests, chromium
+# draws the dashboard; installed from Debian's packages when root.
 deploy-tools:
 	@if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] || ! command -v docker-compose >/dev/null 2>&1 \
-			|| ! command -v promtool >/dev/null 2>&1; then \
+			|| ! command -v promtool >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx docker-compose prometheus >/dev/null; \
-		else echo "note: nginx / docker-compose / promtool not installed: their deploy tests will be skipped"; fi; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx docker-compose prometheus chromium >/dev/null; \
+		else echo "note: nginx / docker-compose / promtool / chromium not installed: their tests will be skipped"; fi; \
 	fi
 
 test: $(STAMP) deploy-tools

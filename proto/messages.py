@@ -12,7 +12,7 @@ import msgspec
 # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
 # (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs;
 # 6: embeddings (Generate.embed, RequestDelta.embedding, Ready.task, the ModelCard's embedding sizes);
-# 7: Generate.traceparent
+# 7: Generate.traceparent, and the KV block map for dashboards (WatchBlocks, BlockMap)
 PROTOCOL_VERSION = 7
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
@@ -108,7 +108,14 @@ class KvSync(_Message):
     """Asks for a KvEvents snapshot: the gateway missed a batch (a gap in the sequence numbers)."""
 
 
-GatewayMessage = Hello | Generate | Abort | KvSync
+class WatchBlocks(_Message):
+    """Asks for a BlockMap a few times a second for the next `seconds` (a dashboard is open); the
+    gateway sends it again before they run out while a viewer stays."""
+
+    seconds: float
+
+
+GatewayMessage = Hello | Generate | Abort | KvSync | WatchBlocks
 
 
 # engine -> gateway
@@ -211,7 +218,36 @@ class KvEvents(_Message):
     snapshot: bool = False
 
 
-EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents
+class StepSample(msgspec.Struct, array_like=True, gc=False):
+    """One engine step's composition: prompt tokens computed, the other tokens (decode, drafts),
+    sequences in the batch, and the step's wall time."""
+
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    batch_size: int
+    seconds: float
+
+
+# BlockMap.holders: a block no sequence holds, empty or caching a prefix; 2 + i: held by requests[i].
+BLOCK_FREE = 0
+BLOCK_CACHED = 1
+BLOCK_HELD = 2
+BLOCK_MAP_HZ = 4  # the most BlockMaps an engine sends a second
+BLOCK_MAP_STEPS = 64  # the most StepSamples a BlockMap carries
+
+
+class BlockMap(_Message):
+    """The KV pool block by block, the queues and the steps since the last map, sent to gateways
+    that asked with WatchBlocks, at most BLOCK_MAP_HZ times a second."""
+
+    engine_id: str
+    holders: bytes  # one unsigned 16-bit little-endian value per block: BLOCK_FREE, BLOCK_CACHED, BLOCK_HELD + i
+    running: list[str]  # request ids, oldest first; a held block names one of its holders
+    waiting: list[str]  # request ids, next first
+    steps: list[StepSample]  # oldest first, at most the last BLOCK_MAP_STEPS
+
+
+EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents | BlockMap
 
 _encoder = msgspec.msgpack.Encoder()
 _gateway_decoder = msgspec.msgpack.Decoder(GatewayMessage)

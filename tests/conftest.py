@@ -12,10 +12,10 @@ def write_gpt2_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=384, n_positions=256, n_embd=64, n_layer=2, n_head=4,
-        initializer_range=0.1, bos_token_id=0, eos_token_id=0, **overrides,
-    )
+    config = GPT2Config(**{
+        "vocab_size": 384, "n_positions": 256, "n_embd": 64, "n_layer": 2, "n_head": 4,
+        "initializer_range": 0.1, "bos_token_id": 0, "eos_token_id": 0, **overrides,
+    })
     GPT2LMHeadModel(config).eval().save_pretrained(path, safe_serialization=True)
     return path
 

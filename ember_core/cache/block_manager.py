@@ -237,6 +237,10 @@ class BlockManager:
         """Every prefix hash the cache holds now, in the group take_events() describes."""
         return self._pool.cached_hashes()
 
+    def cached_block_ids(self) -> list[int]:
+        """Every block the prefix cache holds, in any group, whether a sequence holds it or not."""
+        return self._pool.cached_block_ids()
+
     def _peak_blocks(self, window: int | None, total: int, chunk_tokens: int) -> int:
         """The most of a sequence's `total` blocks a group holds at once."""
         if window is None:

@@ -95,3 +95,7 @@ class BlockPool:
 
     def cached_hashes(self) -> list[bytes]:
         return list(self._cached_blocks[self._reported_group])
+
+    def cached_block_ids(self) -> list[int]:
+        """Every block registered in the prefix cache, of any group, held or not."""
+        return list(self._block_hashes)

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Sequence_
 from typing import Any
@@ -32,7 +33,15 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.runner.token_masks import TokenMask, TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
-from ember_proto import EmbedOptions, EngineStats, FinishReason, RequestDelta, TokenLogprob
+from ember_proto import (
+    BLOCK_MAP_STEPS,
+    EmbedOptions,
+    EngineStats,
+    FinishReason,
+    RequestDelta,
+    StepSample,
+    TokenLogprob,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +113,7 @@ class Engine:
         self._aborted: list[RequestDelta] = []
         # Sees each step's schedule before the step runs (the engine worker's tracing, when on).
         self.schedule_observer: Callable[[SchedulerOutput], None] | None = None
+        self.step_samples: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)  # for dashboards
 
     @property
     def tokenizer(self):
@@ -220,7 +230,9 @@ class Engine:
         if decision.is_empty:
             return deltas
         chunks = self._chunks(decision)
+        started = time.perf_counter()
         results = self.runner.execute(chunks)
+        self.step_samples.append(_step_sample(decision, time.perf_counter() - started))
         for seq, num_tokens, chunk, result in zip(decision.seqs, decision.num_scheduled_tokens, chunks, results):
             add_pooled(seq, seq.num_computed_tokens, result.pooled)
             seq.prompt_logprobs.extend(result.prompt_logprobs)
@@ -420,6 +432,17 @@ def _prompt_scoring(seq: Sequence, start: int, num_tokens: int) -> PromptScoring
     if first >= end:
         return None
     return PromptScoring(first - start, seq.prompt_token_ids[first + 1 : end + 1], seq.params.prompt_logprobs)
+
+
+def _step_sample(decision: SchedulerOutput, seconds: float) -> StepSample:
+    """Prefill: the tokens before a sequence's last (its prompt's chunks, or its recomputation after a
+    preemption); decode: each sequence's last token and its drafts."""
+    prefill = sum(
+        min(num_tokens, max(seq.num_tokens - 1 - seq.num_computed_tokens, 0))
+        for seq, num_tokens in zip(decision.seqs, decision.num_scheduled_tokens)
+    )
+    total = sum(decision.num_scheduled_tokens)
+    return StepSample(prefill, total - prefill, len(decision.seqs), seconds)
 
 
 def _outside_vocabulary(token_ids: Iterable[object], vocab_size: int) -> list[object]:

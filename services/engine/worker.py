@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING
 import msgspec
 import zmq
 
+from ember_core.engine.block_map import block_holders
 from ember_core.engine.engine import Engine
 from ember_core.sampling_params import SamplingParams
 from ember_proto import (
+    BLOCK_MAP_HZ,
     PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
     Abort,
+    BlockMap,
     EngineStats,
     Generate,
     Heartbeat,
@@ -39,6 +42,7 @@ from ember_proto import (
     Rejected,
     RequestDelta,
     StepOutputs,
+    WatchBlocks,
     decode_gateway_message,
     encode,
     make_socket,
@@ -48,6 +52,8 @@ if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
     from ember_engine.tracing import EngineTracer
 
 logger = logging.getLogger(__name__)
+
+MAX_WATCH_S = 60.0  # a WatchBlocks asks for block maps this long at most
 
 
 @dataclass
@@ -88,6 +94,9 @@ class EngineWorker:
         self.expert_load_sent: dict[bytes, float] = {}  # gateway -> when its stats last carried the experts' load
         self.draining_since: float | None = None
         self.drain_announced = False
+        # Gateways with a dashboard open -> until when they asked for block maps (monotonic)
+        self.block_watchers: dict[bytes, float] = {}
+        self.block_map_sent = 0.0
         # KV events: the prefix cache's changes, batched per step, for the gateways' routing
         self.kv_events = engine.config.enable_prefix_caching
         self.kv_sequence = 0
@@ -132,6 +141,7 @@ class EngineWorker:
                     self._step()
                 self._announce_drain()
                 self._heartbeat()
+                self._send_block_maps()
                 self._drop_lost_gateways()
         finally:
             self.stopped.set()
@@ -168,7 +178,7 @@ class EngineWorker:
                 continue
             self._handle(identity, message)
 
-    def _handle(self, identity: bytes, message: Hello | Generate | Abort) -> None:
+    def _handle(self, identity: bytes, message: Hello | Generate | Abort | KvSync | WatchBlocks) -> None:
         if isinstance(message, Hello):
             if self.draining_since is not None:
                 self._send(identity, Rejected("", RejectCode.UNAVAILABLE, "the engine is shutting down"))
@@ -187,6 +197,9 @@ class EngineWorker:
             self._generate(identity, message)
         elif isinstance(message, KvSync):
             self._send_kv_snapshot(identity)
+        elif isinstance(message, WatchBlocks):
+            if identity in self.gateways.last_sent:
+                self.block_watchers[identity] = time.monotonic() + min(max(message.seconds, 0.0), MAX_WATCH_S)
         else:
             owned = [r for r in message.request_ids if self.gateways.owner_of.get(r) == identity]
             self.engine.abort(owned)
@@ -297,6 +310,24 @@ class EngineWorker:
                 draining = self.draining_since is not None
                 self._send(identity, Heartbeat(self.engine_id, self._with_expert_load(identity, stats), draining=draining))
 
+    def _send_block_maps(self) -> None:
+        """The pool's block map to the gateways watching it, BLOCK_MAP_HZ times a second at most;
+        nothing is built while none watches."""
+        now = time.monotonic()
+        if not self.block_watchers or now - self.block_map_sent < 1 / BLOCK_MAP_HZ:
+            return
+        self.block_watchers = {g: until for g, until in self.block_watchers.items() if until > now}
+        if not self.block_watchers:
+            return
+        self.block_map_sent = now
+        holders, running = block_holders(self.engine.block_manager, self.engine.scheduler.running.values())
+        waiting = [seq.request_id for seq in self.engine.scheduler.waiting]
+        steps = list(self.engine.step_samples)
+        self.engine.step_samples.clear()
+        block_map = BlockMap(self.engine_id, holders, running, waiting, steps)
+        for identity in list(self.block_watchers):
+            self._send(identity, block_map, defers_heartbeat=False)
+
     def _announce_drain(self) -> None:
         """Tells every gateway at once that no new request may come here, so they route elsewhere
         (and move the requests in flight to another engine where there is one)."""
@@ -312,6 +343,7 @@ class EngineWorker:
         for identity in lost:
             self.gateways.last_sent.pop(identity, None)
             self.expert_load_sent.pop(identity, None)
+            self.block_watchers.pop(identity, None)
             orphans = [r for r, owner in self.gateways.owner_of.items() if owner == identity]
             for request_id in orphans:
                 del self.gateways.owner_of[request_id]
@@ -322,8 +354,10 @@ class EngineWorker:
             else:  # a health probe done, a gateway scaled away: nothing lost
                 logger.debug("gateway %s went away with no request in flight", name)
 
-    def _send(self, identity: bytes, message) -> None:
-        if identity in self.gateways.last_sent:
+    def _send(self, identity: bytes, message, defers_heartbeat: bool = True) -> None:
+        """defers_heartbeat: False for BlockMaps, sent so often that they would hold back the
+        heartbeats, and with them the stats, of an idle engine."""
+        if defers_heartbeat and identity in self.gateways.last_sent:
             self.gateways.last_sent[identity] = time.monotonic()
         with self.socket_lock:
             try:

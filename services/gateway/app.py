@@ -15,6 +15,7 @@ from ember_gateway.completions import create_completion
 from ember_gateway.config import GatewayConfig
 from ember_gateway.connections import EdgeAppRunner, EdgeLimits
 from ember_gateway.cors import add_cors_headers, cors_middleware
+from ember_gateway.dashboard import dashboard_asset, dashboard_events, dashboard_page
 from ember_gateway.embeddings import create_embeddings
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.engine_pool import EnginePool
@@ -33,7 +34,10 @@ if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
 
 logger = logging.getLogger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")  # probes, scrapers and API clients need no API key
+# Probes, scrapers, API clients and the dashboard's static files (the package's own) need no API key.
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json", "/dashboard/dashboard.js", "/dashboard/dashboard.css")
+# A browser's address bar and EventSource send no Authorization header: these take the key as ?key=.
+_QUERY_KEY_PATHS = ("/dashboard", "/dashboard/events")
 
 
 def create_app(
@@ -68,6 +72,10 @@ def create_app(
             web.get("/health", health),
             web.get("/metrics", metrics),
             web.get("/openapi.json", openapi_document),
+            web.get("/dashboard", dashboard_page),
+            web.get("/dashboard/events", dashboard_events),
+            web.get("/dashboard/dashboard.js", dashboard_asset),
+            web.get("/dashboard/dashboard.css", dashboard_asset),
         ]
     )
     app.on_startup.append(_start_pool)
@@ -137,8 +145,13 @@ def _api_key_error(request: web.Request, expected: bytes | None) -> ApiError | N
     # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
     if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected):
         return None
+    how = "send `Authorization: Bearer KEY`"
+    if request.path in _QUERY_KEY_PATHS:
+        if hmac.compare_digest(request.query.get("key", "").encode(), expected):
+            return None
+        how += f" or open {request.path}?key=KEY"
     return ApiError(
-        401, "missing or invalid API key (send `Authorization: Bearer KEY`)", code="invalid_api_key",
+        401, f"missing or invalid API key ({how})", code="invalid_api_key",
         headers={"WWW-Authenticate": "Bearer"},
     )
 

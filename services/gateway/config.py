@@ -23,7 +23,7 @@ class GatewayConfig:
     port: int = 8000
     """the port to listen on; 0 picks a free port"""
     api_key: str | None = None
-    """require `Authorization: Bearer KEY` on every route but /health, /metrics and /openapi.json"""
+    """require `Authorization: Bearer KEY` (the dashboard: or `?key=KEY`) on every route but /health, /metrics, /openapi.json and the dashboard's files"""
     max_pending: int = 256
     """engine requests (prompts x n) in flight before answering 429"""
     request_timeout: float | None = None

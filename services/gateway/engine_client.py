@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,8 +22,10 @@ from ember_gateway.errors import engine_unavailable
 from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.kv_index import KvIndex
 from ember_proto import (
+    BLOCK_MAP_STEPS,
     PROTOCOL_VERSION,
     Abort,
+    BlockMap,
     EngineMessage,
     EngineStats,
     Generate,
@@ -33,6 +36,8 @@ from ember_proto import (
     Ready,
     Rejected,
     StepOutputs,
+    StepSample,
+    WatchBlocks,
 )
 
 logger = logging.getLogger(__name__)
@@ -81,6 +86,9 @@ class EngineClient:
         self.model: ServedModel | None = None
         self.stats: EngineStats | None = None
         self.kv_index = KvIndex()
+        # For the dashboard, while one watches: the engine's latest BlockMap and its last steps
+        self.block_map: BlockMap | None = None
+        self.recent_steps: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)
         self.draining = False
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
         self.tokens_sent_since_stats = 0  # the prompt tokens they will compute there
@@ -135,6 +143,11 @@ class EngineClient:
 
     async def start(self) -> None:
         await self._link.start()
+
+    def watch_blocks(self, seconds: float) -> None:
+        """Ask the engine for its block map for that long (a dashboard is open)."""
+        if self.ready:
+            self._link.send(WatchBlocks(seconds))
 
     async def close(self) -> None:
         await self._link.close()
@@ -195,6 +208,8 @@ class EngineClient:
             await self._on_ready(message)
         elif isinstance(message, KvEvents):
             self._on_kv_events(message)
+        elif isinstance(message, BlockMap):
+            self._on_block_map(message)
         else:
             self._on_rejected(message)
 
@@ -214,6 +229,11 @@ class EngineClient:
         if self.model is not None and message.engine_id == self.model.engine_id and self.kv_index.apply(message):
             logger.info("missed KV events of engine %s; asking for a snapshot", self.address)
             self._link.send(KvSync())
+
+    def _on_block_map(self, message: BlockMap) -> None:
+        if self.model is not None and message.engine_id == self.model.engine_id:
+            self.block_map = message
+            self.recent_steps.extend(message.steps)
 
     def _set_stats(self, stats: EngineStats) -> None:
         if not stats.expert_tokens and self.stats is not None:  # sent once a second: keep the last
@@ -275,6 +295,8 @@ class EngineClient:
         self._connection_epoch += 1
         self.stats = None  # the lost engine's gauges are unknown now, not its last values
         self.kv_index.clear()
+        self.block_map = None
+        self.recent_steps.clear()
         in_flight, self._in_flight = self._in_flight, {}
         if in_flight:
             # The engine may still be alive (only silent): stop it spending work on these.

@@ -22,6 +22,7 @@ from ember_proto import (
     Generate,
     Hello,
     KvSync,
+    WatchBlocks,
     decode_engine_message,
     encode,
     make_socket,
@@ -91,7 +92,7 @@ class EngineLink:
         if self._context is not None:
             self._context.term()
 
-    def send(self, message: Hello | Generate | Abort | KvSync) -> bool:
+    def send(self, message: Hello | Generate | Abort | KvSync | WatchBlocks) -> bool:
         """Send without waiting (so an Abort leaves in the caller's event-loop turn); False if zmq
         could not queue it."""
         assert self._socket is not None

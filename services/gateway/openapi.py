@@ -10,6 +10,8 @@ from typing import Any, get_args
 import msgspec
 from aiohttp import web
 
+from ember_gateway.dashboard import ASSET_TYPES
+from ember_gateway.dashboard_feed import DashboardUpdate
 from ember_gateway.response_objects import Response, ResponseEvent
 from ember_gateway.responses import (
     ChatCompletion,
@@ -37,7 +39,7 @@ _REF = "#/components/schemas/{name}"
 _STRUCTS = (
     ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse,
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Response, *get_args(ResponseEvent), Model,
-    ModelList, Health, TokenizeResponse, DetokenizeResponse, EmbeddingRequest, CreateEmbeddingResponse,
+    ModelList, Health, TokenizeResponse, DetokenizeResponse, EmbeddingRequest, CreateEmbeddingResponse, DashboardUpdate,
 )
 _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "5XX": {"$ref": "#/components/responses/Error"}}
 
@@ -96,6 +98,24 @@ def _get(summary: str, answer: dict[str, Any], open_path: bool = False, **extra:
     return {"get": operation}
 
 
+def _file(name: str, summary: str, open_path: bool = False) -> dict[str, Any]:
+    """A file of the dashboard, as its media type; the page takes the key as ?key= too (app.py)."""
+    media_type = ASSET_TYPES[name]
+    answer = {"description": f"static/{name}", "content": {media_type: {"schema": {"type": "string"}}}}
+    return _get(summary, answer, open_path) if open_path else _get(summary, answer, security=_DASHBOARD_SECURITY)
+
+
+_DASHBOARD_SECURITY = [{"apiKey": []}, {"dashboardKey": []}, {}]
+
+
+def _dashboard_events() -> dict[str, Any]:
+    payload = {"type": "string", "contentMediaType": "application/json", "contentSchema": _ref(DashboardUpdate)}
+    event = {"type": "object", "required": ["data"], "properties": {"data": payload}}
+    answer = {"description": "Server-sent events of DashboardUpdate, two a second, until the client goes away",
+              "content": {"text/event-stream": {"schema": event}}}
+    return _get("The dashboard's live feed", answer, security=_DASHBOARD_SECURITY)
+
+
 def build_document() -> dict[str, Any]:
     _, schemas = msgspec.json.schema_components(_STRUCTS, ref_template=_REF)
     model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -126,11 +146,18 @@ def build_document() -> dict[str, Any]:
             "/openapi.json": _get("This document", {"description": "OpenAPI 3.1",
                                                     "content": {"application/json": {"schema": {"type": "object"}}}},
                                   open_path=True),
+            "/dashboard": _file("dashboard.html", "A live page of the engines' KV pools, queues and steps"),
+            "/dashboard/events": _dashboard_events(),
+            "/dashboard/dashboard.js": _file("dashboard.js", "The dashboard's script", open_path=True),
+            "/dashboard/dashboard.css": _file("dashboard.css", "The dashboard's stylesheet", open_path=True),
         },
         "components": {
             "schemas": schemas,
             "responses": {"Error": _json(ErrorResponse, "An OpenAI error body")},
-            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "apiKey": {"type": "http", "scheme": "bearer"},
+                "dashboardKey": {"type": "apiKey", "in": "query", "name": "key"},
+            },
         },
     }
 

@@ -15,8 +15,10 @@ import zmq
 
 from ember_core import SamplingParams
 from ember_proto import (
+    BLOCK_HELD,
     PROTOCOL_VERSION,
     Abort,
+    BlockMap,
     EmbedOptions,
     FinishReason,
     Generate,
@@ -27,6 +29,7 @@ from ember_proto import (
     Rejected,
     SamplingOptions,
     StepOutputs,
+    WatchBlocks,
     decode_engine_message,
     encode,
     make_socket,
@@ -301,3 +304,27 @@ def test_heartbeats_keep_flowing_during_a_step_longer_than_the_interval(gpt2_dir
         worker.request_shutdown()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_block_maps_go_only_to_a_gateway_watching_and_show_a_request_holding_blocks(engine, context) -> None:
+    watcher, bystander = Client(context, engine[0]), Client(context, engine[0])
+    watcher.send(WatchBlocks(30))
+    watcher.generate("held", list(range(1, 30)), max_tokens=60, temperature=0, ignore_eos=True)
+    block_maps = []
+    while not any("held" in m.running for m in block_maps):
+        block_maps.append(watcher.expect(BlockMap, timeout=10))
+    holding = block_maps[-1]
+    index = holding.running.index("held")
+    holders = array.array("H", holding.holders)
+    assert len(holders) == NUM_BLOCKS and holding.engine_id == watcher.ready.engine_id
+    assert holders.count(BLOCK_HELD + index) >= 29 // 4  # block size 4: the prompt's blocks at least
+    watcher.collect({"held"})
+    idle = watcher.expect(BlockMap, timeout=10)
+    while idle.running:
+        idle = watcher.expect(BlockMap, timeout=10)
+    assert all(value < BLOCK_HELD for value in array.array("H", idle.holders))
+    samples = [sample for m in block_maps for sample in m.steps]
+    assert any(s.num_prefill_tokens for s in samples) and any(s.num_decode_tokens for s in samples)
+    assert all(s.batch_size >= 1 and s.seconds > 0 for s in samples)
+    with pytest.raises(TimeoutError):
+        bystander.expect(BlockMap, timeout=1)

@@ -23,6 +23,7 @@ from ember_proto import (
     Abort,
     EngineStats,
     FinishReason,
+    GatewayMessage,
     Generate,
     Heartbeat,
     Hello,
@@ -168,7 +169,7 @@ class FakeEngine:
         for gateway in self._gateways:
             self._send(gateway, Heartbeat(self.engine_id, self._stats(), self.draining))
 
-    def _handle(self, gateway: bytes, message: Hello | Generate | Abort | KvSync) -> None:
+    def _handle(self, gateway: bytes, message: GatewayMessage) -> None:
         if isinstance(message, Hello):
             self.hellos += 1
             if message.protocol_version != self.protocol_version:
@@ -187,7 +188,7 @@ class FakeEngine:
             else:
                 # a resumed request continues where it was: its reply goes on from there
                 self._running[message.request_id] = _Running(gateway, message, len(message.output_token_ids))
-        else:
+        elif isinstance(message, Abort):  # WatchBlocks is ignored: the fake engine has no KV pool to map
             self.aborted.extend(message.request_ids)
             for request_id in message.request_ids:
                 self._running.pop(request_id, None)

@@ -35,7 +35,12 @@ def test_every_route_is_described_and_every_description_is_a_route():
     }
     described = {(path, method) for path, operations in DOCUMENT["paths"].items() for method in operations}
     assert routes == described
-    for path, method in described - {("/metrics", "get"), ("/openapi.json", "get")}:
+    not_json = {"/metrics": "text/plain", "/openapi.json": "application/json", "/dashboard": "text/html",
+                "/dashboard/events": "text/event-stream", "/dashboard/dashboard.js": "text/javascript",
+                "/dashboard/dashboard.css": "text/css"}
+    for path, media_type in not_json.items():
+        assert media_type in DOCUMENT["paths"][path]["get"]["responses"]["200"]["content"], path
+    for path, method in described - {(path, "get") for path in not_json}:
         responses = DOCUMENT["paths"][path][method]["responses"]
         assert "application/json" in responses["200"]["content"] and {"4XX", "5XX"} <= set(responses), path
     for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
