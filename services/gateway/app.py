@@ -118,6 +118,13 @@ async def _close_pool(app: web.Application) -> None:
 
 @web.middleware
 async def _errors_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    response = await _answer_or_error(request, handler)
+    if response.status >= 400 and request.path != "/health":  # a probe's 503 is the gateway's state
+        request.app[STATE].metrics.count_error(response.status)
+    return response
+
+
+async def _answer_or_error(request: web.Request, handler: web.Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as exc:

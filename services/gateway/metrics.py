@@ -123,6 +123,13 @@ class GatewayMetrics:
             [LABEL, "finished_reason"],
             registry=self.registry,
         )
+        self.request_errors = Counter(
+            "ember_request_errors",
+            "HTTP requests answered with an error (/health's 503 aside), by status; an error a stream or a "
+            "started JSON body ends with counts with its status too.",
+            ["status"],
+            registry=self.registry,
+        )
         self.time_to_first_token = Histogram(
             "ember_time_to_first_token_seconds", "Arrival at the gateway to first token.", [LABEL],
             buckets=_LATENCY_BUCKETS, registry=self.registry,
@@ -139,3 +146,6 @@ class GatewayMetrics:
             "ember_request_queue_time_seconds", "Arrival until the engine step that produced the first token began.",
             [LABEL], buckets=_REQUEST_BUCKETS, registry=self.registry,
         )
+
+    def count_error(self, status: int) -> None:
+        self.request_errors.labels(str(status)).inc()

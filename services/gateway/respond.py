@@ -24,7 +24,7 @@ from ember_gateway.formats import ApiShape
 from ember_gateway.generation import Generation
 from ember_gateway.responses import ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Usage
 from ember_gateway.sse import DONE, open_stream, sse_event
-from ember_gateway.state import GatewayState
+from ember_gateway.state import STATE, GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ async def answer_json(request: web.Request, answer: Coroutine[Any, Any, Any]) ->
     try:
         body = pending.result()
     except ApiError as exc:  # the 200 is sent: the error is the body
+        request.app[STATE].metrics.count_error(exc.status)
         body = exc.body()
     await response.write(msgspec.json.encode(body))
     await response.write_eof()
@@ -205,11 +206,13 @@ async def _stream(
         if include_usage:
             await send([], envelope.usage(generation))
     except ApiError as exc:
+        request.app[STATE].metrics.count_error(exc.status)
         await response.write(sse_event(exc.body()))
     except ConnectionResetError:
         raise
     except Exception:
         logger.exception("stream %s failed", envelope.request_id)
+        request.app[STATE].metrics.count_error(500)
         await response.write(sse_event(internal_error().body()))
     await response.write(DONE)
     return response

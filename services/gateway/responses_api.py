@@ -23,6 +23,7 @@ from ember_gateway.responses_output import ResponseEcho, output_items, usage
 from ember_gateway.responses_stream import ResponseEvents
 from ember_gateway.schemas import ResponsesRequest
 from ember_gateway.sse import sse_event
+from ember_gateway.state import STATE
 from ember_proto import FinishReason
 
 logger = logging.getLogger(__name__)
@@ -94,10 +95,12 @@ async def _stream(
         used = usage(plan.prompt_tokens, generation.completion_tokens)
         await send(events.finish(finish_reason is FinishReason.LENGTH, used))
     except ApiError as exc:
+        request.app[STATE].metrics.count_error(exc.status)
         await send(events.failed(exc))
     except ConnectionResetError:
         raise
     except Exception:
         logger.exception("stream %s failed", echo.id)
+        request.app[STATE].metrics.count_error(500)
         await send(events.failed(internal_error()))
     return response

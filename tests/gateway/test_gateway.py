@@ -358,6 +358,23 @@ async def test_request_timeout(fake_engine: FakeEngine, start_gateway: StartGate
     assert events[-2]["error"]["code"] == "request_timeout" and events[-1] == "[DONE]"
 
 
+async def test_errors_are_counted_by_status_in_streams_too(fake_engine: FakeEngine, start_gateway: StartGateway):
+    gateway = await start_gateway(fake_engine, request_timeout=0.3)
+    fake_engine.step_interval = 0.05
+    status, _ = await gateway.post("/v1/completions", completion(max_tokens=-1))
+    assert status == 400
+    status, _ = await gateway.post("/v1/completions", completion(max_tokens=40))
+    assert status == 504
+    events = await gateway.stream("/v1/completions", completion(max_tokens=40, stream=True))
+    assert events[-2]["error"]["code"] == "request_timeout"  # after the stream's 200
+    async with gateway.http.get("/health") as response:
+        assert response.status == 200
+    async with gateway.http.get("/metrics") as response:
+        text = await response.text()
+    assert 'ember_request_errors_total{status="400"} 1.0' in text
+    assert 'ember_request_errors_total{status="504"} 2.0' in text
+
+
 @pytest.mark.parametrize("code", [400, 503, 500])
 async def test_engine_rejection_becomes_the_http_status(gateway: Gateway, fake_engine: FakeEngine, code: int):
     fake_engine.reject_code = code

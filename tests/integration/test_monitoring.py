@@ -115,6 +115,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             response = client.completions.create(model=model, prompt="Tell me a story", max_tokens=6, stream=stream)
             if stream:
                 assert len(list(response)) > 1
+        with pytest.raises(openai.BadRequestError):  # ember_request_errors_total{status="400"}
+            client.completions.create(model=model, prompt="Tell me a story", max_tokens=-1)
         # The expert load rides on the engine's messages at most once a second.
         wait_until(lambda: "ember_moe_expert_tokens_total" in scrape(base), 10, "the expert load on /metrics")
         yield base
