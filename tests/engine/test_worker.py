@@ -258,9 +258,13 @@ def test_a_gateway_that_goes_away_has_its_requests_aborted(gpt2_dir, tmp_path, c
     with spawned(argv, log):
         watcher = Client(context, address)
         gone = Client(context, address)
+        orphans = {f"orphan{i}" for i in range(4)}
         for i in range(4):
             gone.generate(f"orphan{i}", [1, 2, 3 + i], max_tokens=250, temperature=0, ignore_eos=True)
-        gone.expect(StepOutputs)
+        # every request running: on a busy machine the first step may come before the last Generates
+        started: set[str] = set()
+        while started != orphans:
+            started |= {delta.request_id for delta in gone.expect(StepOutputs).outputs}
         gone.socket.close(linger=0)  # as a killed gateway: no Abort is ever sent
         wait_until(lambda: "went away; aborted its 4 requests in flight" in log.read_text(), 30, "the abort")
         # Heartbeats sent before the abort may still be queued for the watcher: read on to a fresh one.
