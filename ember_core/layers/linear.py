@@ -123,11 +123,10 @@ class StackedBlockLinear(nn.Module):
         return torch.cat([part.dequantized_weight() for part in self.parts])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:  # the kernel's rows do not depend on each other
-            y = torch.cat([part(x) for part in self.parts], dim=1)
-            return y if self.bias is None else y.add_(self.bias)
-        # One GEMM over all rows, as the dequantized model runs: BLAS's bits may depend on the shape.
-        return F.linear(x, self.dequantized_weight(), self.bias)
+        """Each part runs as a GGUFBlockLinear of its own format does, at every row count and dtype:
+        one path for single- and mixed-format linears."""
+        y = torch.cat([part(x) for part in self.parts], dim=-1)
+        return y if self.bias is None else y.add_(self.bias)
 
 
 # cpu_ops.ops().llama_decode_layer_'s format code for an [out, in] weight in the activations' dtype.

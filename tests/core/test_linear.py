@@ -193,9 +193,45 @@ def test_stacked_parts_in_different_formats_match_one_float32_layer() -> None:
         reference.bias.copy_(bias)
     assert (layer.in_features, layer.out_features) == (512, 72)
     with torch.inference_mode():
-        for rows in (1, 16, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 9):  # the block kernel, then expand + F.linear
+        for rows in (1, 16, SMALL_BATCH_ROWS):  # the block kernel
             x = torch.randn(rows, 512)
             assert torch.equal(layer(x), reference(x)), rows
+        x = torch.randn(SMALL_BATCH_ROWS + 9, 512)  # each part as its own GGUFBlockLinear: expand + F.linear
+        expected = torch.cat([F.linear(x, values) for _, values in parts], dim=1) + bias
+        assert torch.equal(layer(x), expected)
+
+
+# Every format ember reads, paired in a fused linear with one of another super-block size, as a
+# llama-quantize mix pairs them (Q4_K q/k with Q6_K or Q8_0 v; Q5_0 with Q8_0).
+STACKED_PARTNER = {kind: Q.Q8_0 if gguf.GGML_QUANT_SIZES[kind][0] == 256 else Q.Q6_K for kind in BLOCK_KINDS}
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("kind", BLOCK_KINDS, ids=lambda kind: kind.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_format_runs_alone_and_stacked_at_every_row_count_in_every_dtype(kind: gguf.GGMLQuantizationType, dtype: torch.dtype) -> None:
+    """No format, dtype and row count falls through to a path that fails (a bfloat16 step of more than
+    SMALL_BATCH_ROWS rows over a mixed-format fused linear once did), and each gives the dequantized
+    weights' product."""
+    in_features = 512
+    parts = [_blocks(k, rows, in_features // _values_per_block(k), seed=rows) for k, rows in ((kind, 40), (STACKED_PARTNER[kind], 24))]
+    bias = nn.Parameter(torch.randn(64).to(dtype))
+    single = GGUFBlockLinear(parts[0][0], kind, in_features, nn.Parameter(bias[:40].detach().clone()))
+    stacked = StackedBlockLinear([GGUFBlockLinear(blocks, k, in_features, None) for (blocks, _), k in zip(parts, (kind, STACKED_PARTNER[kind]))], bias)
+    weight = torch.cat([values for _, values in parts])
+    tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 0.3}
+    with torch.inference_mode():
+        for rows in (1, 5, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 300):
+            x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
+            expected = F.linear(x.double(), weight.double(), bias.double())
+            for layer, columns in ((single, 40), (stacked, 64)):
+                y = layer(x)
+                assert y.dtype == dtype and y.shape == (rows, columns)
+                torch.testing.assert_close(y.double(), expected[:, :columns], **tolerance)
+
+
+def _values_per_block(kind: gguf.GGMLQuantizationType) -> int:
+    return SIXTEEN_BIT_ROW_MULTIPLE if kind in SIXTEEN_BIT_KINDS.values() else gguf.GGML_QUANT_SIZES[kind][0]
 
 
 @pytest.mark.usefixtures("kernel")

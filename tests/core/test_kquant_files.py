@@ -1,0 +1,56 @@
+"""GGUF files quantized by llama.cpp's own `llama-quantize` to its Q4_K_M, Q5_K_M and Q3_K_M mixes
+(tests/core/data/kquants: Q4_K/Q5_K/Q3_K beside Q6_K, and Q5_0/Q8_0 where rows are not whole
+super-blocks), so a fused QKV or gate/up mixes formats (StackedBlockLinear). In float32 and bfloat16,
+prompts of 1 to 2,000 tokens run alone and batched, and give the same greedy tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember_core import LLM, SamplingParams
+from ember_core.layers.linear import StackedBlockLinear
+from ember_core.loaders.gguf_loader import load_gguf
+from tests.core.data.kquants.make_kquant_files import COMMON, SHAPES
+from tests.core.test_families_gguf import _greedy, _with_weights_of
+from tests.families import VOCAB, hf_model
+
+KQUANTS = Path(__file__).parent / "data" / "kquants"
+FILES = sorted(KQUANTS.glob("*.gguf"))
+PROMPT_LENGTHS = (1, 7, 129, 300, 2000)
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def _prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
+
+
+def test_the_files_mix_formats_in_one_fused_linear() -> None:
+    assert len(FILES) == 5
+    model, _ = load_gguf(KQUANTS / "qwen2-Q4_K_M.gguf", torch.device("cpu"), torch.float32, keep_blocks=True)
+    assert any(isinstance(module, StackedBlockLinear) for module in model.modules())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
+def test_alone_and_batched_give_the_same_tokens(path: Path, dtype: str) -> None:
+    prompts = _prompts()
+    llm = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=4096,
+              enable_prefix_caching=False)
+    alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
+    assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone
+    assert all(len(tokens) == GREEDY.max_tokens for tokens in alone)
+
+
+@pytest.mark.parametrize("path", [KQUANTS / "llama-Q4_K_M.gguf", KQUANTS / "qwen2-Q4_K_M.gguf"], ids=lambda path: path.stem)
+def test_float32_gives_the_greedy_tokens_of_transformers_holding_the_files_values(path: Path) -> None:
+    family = path.stem.rsplit("-", 1)[0]
+    dequantized, _ = load_gguf(path, torch.device("cpu"), torch.float32, keep_blocks=False)
+    reference = _with_weights_of(hf_model(family, **COMMON, **SHAPES[family]), dequantized)
+    prompts = _prompts()[:4]
+    expected = [_greedy(reference, prompt) for prompt in prompts]
+    llm = LLM(str(path), dtype="float32", device="cpu", num_blocks=256, block_size=16)
+    assert [output.token_ids for output in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))] == expected
