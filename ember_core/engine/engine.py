@@ -93,8 +93,8 @@ class Engine:
             batching=config.batching,
             prefix_caching=config.enable_prefix_caching,
             context_cost=context_cost_per_position(model),
-            # Chunks of up to SMALL_BATCH_ROWS tokens attend through the exact path that materialises
-            # the scores, ~2x slower per position at long context than the flash kernel longer ones take.
+            # Every step streams all the weights from memory: at long context the charge would cut a
+            # prompt into chunks of a few tokens, each paying that for little work.
             min_chunk_tokens=SMALL_BATCH_ROWS + 1,
             policy=config.scheduling_policy,
             priority_aging_s=config.priority_aging_s,

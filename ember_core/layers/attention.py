@@ -35,8 +35,8 @@ class PrefillSlice:
     context_len: int  # tokens in the cache once this step's are written
     block_table: torch.Tensor  # [num_blocks_held]
     # Set for a chunk whose tokens attend token by token through the decode kernel, as their decodes
-    # would (the runner's decodes do, and the chunk is within SMALL_BATCH_ROWS): each token's bits
-    # then do not depend on how the scheduler split the prompt. Token i's decode operands:
+    # would (wherever the runner's decodes do): each token's bits then do not depend on how the
+    # scheduler split the prompt or how much of it the prefix cache held. Token i's decode operands:
     token_block_tables: torch.Tensor | None = None  # [num_tokens, num_blocks_held] int32
     token_context_lens: torch.Tensor | None = None  # [num_tokens] int32: context_len - num_tokens + i + 1
 
@@ -199,9 +199,8 @@ def paged_attention(
         q = query[chunk].transpose(0, 1)  # [heads, n, d]
         long_chunk = p.num_tokens > SMALL_BATCH_ROWS
         if long_chunk:
-            # With a batch dimension SDPA takes its flash kernel on CPU: 3-4x faster at long contexts,
-            # but its bits depend on the chunk's length. Chunks within the small-batch kernels' rows
-            # keep the path that materialises the scores, so steps within them keep every row's bits.
+            # With a batch dimension SDPA takes its flash kernel: 3-4x faster at long contexts, but its
+            # bits depend on the chunk's length (decodes on the C++ kernel never come here).
             q, keys, values = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
         mask = None
         if first_key or p.context_len != p.num_tokens or window:

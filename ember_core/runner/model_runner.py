@@ -12,7 +12,7 @@ from ember_core.config import DecodeAttention
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, ForwardMetadata, PrefillSlice, decode_key_mask
 from ember_core.layers.flex_decode import decode_block_mask
-from ember_core.layers.linear import SMALL_BATCH_ROWS, use_small_batch_linears
+from ember_core.layers.linear import use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk
 from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
@@ -63,10 +63,10 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _prefill_slice(self, token_start: int, num_tokens: int, context_len: int, table: list[int]) -> PrefillSlice:
-        """A chunk within the small-batch rows attends token by token through the decode kernel
-        when decodes do, so a split prompt keeps the bits of a whole one (attention.PrefillSlice)."""
+        """A chunk attends token by token through the decode kernel when decodes do, so a prompt split
+        into chunks, or found partly cached, keeps the bits of a whole one (attention.PrefillSlice)."""
         token_tables = token_lens = None
-        if self.decode_attention == "kernel" and num_tokens <= SMALL_BATCH_ROWS:
+        if self.decode_attention == "kernel":
             token_tables = torch.tensor(table, dtype=torch.int32, device=self.device).expand(num_tokens, -1).contiguous()
             token_lens = torch.arange(context_len - num_tokens + 1, context_len + 1, dtype=torch.int32, device=self.device)
         return PrefillSlice(

@@ -17,4 +17,4 @@ def test_gpt2_cost_is_one_over_twice_hidden_plus_inner(gpt2_dir: Path) -> None:
     hidden, inner = 64, 4 * 64
     assert context_cost_per_position(llm.engine.runner.model) == pytest.approx(1 / (2 * hidden + inner))
     assert llm.engine.scheduler.context_cost == pytest.approx(1 / (2 * hidden + inner))
-    assert llm.engine.scheduler.min_chunk_tokens == SMALL_BATCH_ROWS + 1  # chunks keep the flash kernel
+    assert llm.engine.scheduler.min_chunk_tokens == SMALL_BATCH_ROWS + 1  # no chunk of a few tokens

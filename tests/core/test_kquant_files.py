@@ -1,7 +1,8 @@
 """GGUF files quantized by llama.cpp's own `llama-quantize` to its Q4_K_M, Q5_K_M and Q3_K_M mixes
 (tests/core/data/kquants: Q4_K/Q5_K/Q3_K beside Q6_K, and Q5_0/Q8_0 where rows are not whole
 super-blocks), so a fused QKV or gate/up mixes formats (StackedBlockLinear). In float32 and bfloat16,
-prompts of 1 to 2,000 tokens run alone and batched, and give the same greedy tokens."""
+prompts of 1 to 2,000 tokens run alone, batched, in chunks and on prefix-cache hits, and give the same
+greedy tokens."""
 
 from __future__ import annotations
 
@@ -36,13 +37,19 @@ def test_the_files_mix_formats_in_one_fused_linear() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
-def test_alone_and_batched_give_the_same_tokens(path: Path, dtype: str) -> None:
+def test_alone_batched_chunked_and_cached_give_the_same_tokens(path: Path, dtype: str) -> None:
     prompts = _prompts()
-    llm = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=4096,
-              enable_prefix_caching=False)
-    alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
-    assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone
+    llm = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=4096)
+    alone = []
+    for prompt in prompts:
+        llm.reset_prefix_cache()
+        alone.append(llm.generate([prompt], GREEDY)[0].token_ids)
     assert all(len(tokens) == GREEDY.max_tokens for tokens in alone)
+    assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone, "batched, on prefix hits"
+    llm.reset_prefix_cache()
+    assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone, "batched"
+    chunked = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=200)
+    assert [output.token_ids for output in chunked.generate(prompts, GREEDY)] == alone, "in chunks"
 
 
 @pytest.mark.parametrize("path", [KQUANTS / "llama-Q4_K_M.gguf", KQUANTS / "qwen2-Q4_K_M.gguf"], ids=lambda path: path.stem)
