@@ -1,14 +1,14 @@
-"""Linear layers for serving: the tied output head, and CPU paths for decode-sized batches.
+"""Linear layers for serving: the tied output head, and CPU paths that keep every row's arithmetic
+the same at every batch size.
 
-On CPU, `F.linear` hands every call to BLAS sgemm, which repacks the whole weight matrix each
-time; at decode batch sizes that costs more than the product. `SmallBatchLinear` sends batches of
-up to `SMALL_BATCH_ROWS` rows to ember's C++ kernel, which streams the weight once, in place
-(kernels/small_batch_linear.cpp; bfloat16 weights: kernels/bf16_linear.cpp), and larger ones
-(prefill) to `F.linear`. It is an `nn.Linear` holding the same parameters: no copy, a tied head
-still shares the embedding. The kernels' rows never depend on each other, which torch's GEMMs do
-not promise: their blocking, and so their sums, follow the batch's shape. In float32 that moves
-the last bits; in bfloat16 it can flip a greedy token, so bfloat16 runs every row count on the
-kernel (on AMX as fast as torch's oneDNN GEMM for whole steps: docs/benchmarks.md).
+On CPU, `F.linear` hands every call to BLAS sgemm (oneDNN in bfloat16), whose blocking, and so
+whose sums, follow the batch's shape: a row's last bits would depend on what else shares the step.
+`SmallBatchLinear` sends every 2-D batch to ember's C++ kernel instead, which streams the weight
+once, in place, and sums each row in one fixed order (kernels/small_batch_linear.cpp; bfloat16
+weights: kernels/bf16_linear.cpp). At decode sizes it is several times faster than sgemm, which
+repacks the whole weight each call; at prefill sizes it is level with it (512 rows of SmolLM2's
+shapes on a Zen 4: 0.9-1.0x sgemm, docs/benchmarks.md). It is an `nn.Linear` holding the same
+parameters: no copy, a tied head still shares the embedding.
 
 `GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS), or the 16-bit
 rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
@@ -25,9 +25,8 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 
-# Up to here the C++ kernels beat "expand the blocks + BLAS sgemm" for the SmolLM2 shapes (its 120
-# Q4_1 layers, 2 threads, docs/benchmarks.md). An AVX2 EPYC: 128 rows ~410 ms against ~460-500,
-# sgemm wins at 192. An AVX-512 Xeon (16-float tiles): 128 rows 169 ms against 176, about even at 144-192.
+# The most rows the fused decoder layer (kernels/decoder_layer.cpp) takes in one call: decode steps
+# and short prompt chunks; longer ones run layer by layer through the same kernels.
 SMALL_BATCH_ROWS = 128
 
 
@@ -39,8 +38,7 @@ def tied_head(embedding: nn.Embedding) -> nn.Linear:
 
 
 class SmallBatchLinear(nn.Linear):
-    """`nn.Linear` (CPU) that runs float32 batches of at most SMALL_BATCH_ROWS rows, and bfloat16
-    batches of any size, on ember's kernels."""
+    """`nn.Linear` (CPU) that runs float32 and bfloat16 batches of any size on ember's kernels."""
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> SmallBatchLinear:
@@ -52,7 +50,7 @@ class SmallBatchLinear(nn.Linear):
         if x.dim() == 2 and self.weight.dtype == torch.bfloat16:
             weight_rows = self.weight.view(torch.uint8)
             return cpu_ops.ops().bf16_linear(x.contiguous(), weight_rows, self.bias, BF16_ROWS_FORMAT, self.in_features)
-        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
+        if x.dim() == 2:
             return cpu_ops.ops().small_batch_linear(x.contiguous(), self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -99,14 +97,11 @@ class GGUFBlockLinear(nn.Module):
         return cpu_ops.ops().gguf_dequantize(self.blocks, self.format, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x in float32, or in bfloat16 (a bfloat16 model's: the weight's values rounded to bfloat16,
-        every row count on the kernel, as SmallBatchLinear)."""
+        """x [rows, in_features] in float32, or in bfloat16 (a bfloat16 model's: the weight's values
+        rounded to bfloat16); every row count on the kernel, as SmallBatchLinear."""
         if x.dim() == 2 and x.dtype == torch.bfloat16:
             return cpu_ops.ops().bf16_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
-        if x.dim() == 2 and x.shape[0] <= SMALL_BATCH_ROWS:
-            return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
-        # Prefill: expanding the weight once and running torch's GEMM is faster than tiles here.
-        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
+        return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
 
 
 class StackedBlockLinear(nn.Module):

@@ -1,4 +1,4 @@
-"""The small-batch C++ linear kernels (float32 weights, GGUF blocks) against F.linear and gguf-py, and where the runner uses them."""
+"""The C++ linear kernels (float32 weights, GGUF blocks) against F.linear and gguf-py, and where the runner uses them."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that buil
 
 
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 16, 33, SMALL_BATCH_ROWS])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 16, 33, SMALL_BATCH_ROWS, 300])
 @pytest.mark.parametrize(("in_features", "out_features"), [(96, 200), (64, 384), (13, 7), (576, 49)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_kernel_computes_what_f_linear_computes(rows: int, in_features: int, out_features: int, bias: bool) -> None:
@@ -54,7 +54,7 @@ def test_kernel_rejects_what_it_cannot_compute() -> None:
 
 
 @pytest.mark.usefixtures("kernel")
-def test_layer_shares_the_weights_and_hands_big_batches_to_f_linear() -> None:
+def test_layer_shares_the_weights_and_gives_a_row_the_same_bits_in_any_batch() -> None:
     embedding = nn.Embedding(50, 16)
     model = nn.ModuleDict({"embed": embedding, "proj": nn.Linear(16, 24), "head": tied_head(embedding)})
     weights = {name: p for name, p in model.named_parameters()}
@@ -63,10 +63,13 @@ def test_layer_shares_the_weights_and_hands_big_batches_to_f_linear() -> None:
     assert dict(model.named_parameters()) == weights  # the same Parameter objects, tie included
     assert model["head"].weight is embedding.weight
     with torch.inference_mode():
-        for rows in (3, SMALL_BATCH_ROWS + 7):  # the kernel, then F.linear
+        alone = model["proj"](torch.ones(1, 16))
+        for rows in (3, SMALL_BATCH_ROWS + 7, 600):  # every row count on the kernel
             x = torch.randn(rows, 16)
+            x[rows // 2] = 1.0
             expected = F.linear(x, model["proj"].weight, model["proj"].bias)
             torch.testing.assert_close(model["proj"](x), expected, rtol=1e-5, atol=1e-5)
+            assert torch.equal(model["proj"](x)[rows // 2], alone[0])
             non_contiguous = torch.randn(16, rows).t()
             torch.testing.assert_close(model["head"](non_contiguous), non_contiguous @ embedding.weight.t())
 
@@ -175,7 +178,7 @@ def test_block_layer_matches_a_float32_layer_over_the_same_values() -> None:
         reference.bias.copy_(bias)
     assert (layer.in_features, layer.out_features) == (64, 24) and "Q4_1 blocks" in repr(layer)
     with torch.inference_mode():
-        for rows in (1, 3, SMALL_BATCH_ROWS + 9):  # the block kernel, then expand + F.linear
+        for rows in (1, 3, SMALL_BATCH_ROWS + 9):
             x = torch.randn(rows, 64)
             assert torch.equal(layer(x), reference(x))
 
@@ -193,12 +196,9 @@ def test_stacked_parts_in_different_formats_match_one_float32_layer() -> None:
         reference.bias.copy_(bias)
     assert (layer.in_features, layer.out_features) == (512, 72)
     with torch.inference_mode():
-        for rows in (1, 16, SMALL_BATCH_ROWS):  # the block kernel
+        for rows in (1, 16, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 9):
             x = torch.randn(rows, 512)
             assert torch.equal(layer(x), reference(x)), rows
-        x = torch.randn(SMALL_BATCH_ROWS + 9, 512)  # each part as its own GGUFBlockLinear: expand + F.linear
-        expected = torch.cat([F.linear(x, values) for _, values in parts], dim=1) + bias
-        assert torch.equal(layer(x), expected)
 
 
 # Every format ember reads, paired in a fused linear with one of another super-block size, as a
