@@ -40,7 +40,7 @@ _SOURCES = [
     Path(__file__).with_name(name)
     for name in (
         "paged_decode.cpp", "small_batch_linear.cpp", "bf16_linear.cpp", "elementwise.cpp", "kv_cache.cpp",
-        "decoder_layer.cpp", "moe_experts.cpp", "sampling.cpp", "peak.cpp",
+        "decoder_layer.cpp", "moe_experts.cpp", "sampling.cpp", "peak.cpp", "int8_linear.cpp",
     )
 ]
 _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")
@@ -73,14 +73,14 @@ INSTRUCTION_SETS = (
     *(
         (
             InstructionSet("avx2", _X86_64_V3, ("-march=x86-64-v3", "-mtune=generic")),
-            InstructionSet("avx512", _X86_64_V3 + _X86_64_V4, ("-march=x86-64-v4", "-mtune=generic")),
+            InstructionSet("avx512", (*_X86_64_V3, *_X86_64_V4, "avx512_vnni"), ("-march=x86-64-v4", "-mavx512vnni", "-mtune=generic")),
             InstructionSet(
-                "avx512bf16", (*_X86_64_V3, *_X86_64_V4, "avx512_bf16"),
-                ("-march=x86-64-v4", "-mavx512bf16", "-mtune=generic"),
+                "avx512bf16", (*_X86_64_V3, *_X86_64_V4, "avx512_vnni", "avx512_bf16"),
+                ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mtune=generic"),
             ),
             InstructionSet(
-                "amx", (*_X86_64_V3, *_X86_64_V4, "avx512_bf16", "amx_tile", "amx_bf16"),
-                ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic"),
+                "amx", (*_X86_64_V3, *_X86_64_V4, "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"),
+                ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic"),
             ),
         )
         if _IS_X86_64

@@ -81,6 +81,7 @@ namespace ember {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   int64_t format) {
+  if (format >= kInt8Arithmetic) return int8_linear(x, weight, bias, format - kInt8Arithmetic, x.size(1));
   if (x.scalar_type() == at::kBFloat16)
     return format == kPlainWeight ? bf16_linear(x, weight.view(at::kByte), bias, kBF16, x.size(1))
                                   : bf16_linear(x, weight, bias, format, x.size(1));

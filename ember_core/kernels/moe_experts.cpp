@@ -45,7 +45,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& expert_ids, const at::T
 namespace ember {
 
 // gate_up [experts, 2 * expert_size, ...] holds each expert's gate rows then its up rows; down
-// [experts, hidden, ...]; each in `format` (kPlainWeight: x's dtype, else GGUF blocks as uint8).
+// [experts, hidden, ...]; each in `format` (kPlainWeight: x's dtype, else GGUF blocks as uint8; ember::linear's codes).
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& expert_weights,
                        const at::Tensor& gate_up, int64_t gate_up_format, const at::Tensor& down, int64_t down_format,
                        bool gelu) {

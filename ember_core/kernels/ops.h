@@ -15,14 +15,16 @@
 
 namespace ember {
 
-// A linear's format code for an [out, in] weight in x's dtype; other codes are GGUF block formats (gguf_blocks.h).
+// A linear's format code for an [out, in] weight in x's dtype; other codes are GGUF block formats (gguf_blocks.h),
+// with kInt8Arithmetic added where the linear runs the fast numerics' int8 kernel (int8_linear) on them.
 constexpr int64_t kPlainWeight = -1;
+constexpr int64_t kInt8Arithmetic = 256;
 
 // bf16_linear.cpp
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
                        int64_t format, int64_t in_features);
 
-// decoder_layer.cpp: y = x W^T + b on the kernel for x's dtype (float32 or bfloat16) and W's format.
+// decoder_layer.cpp: y = x W^T + b on the kernel for x's dtype (float32 or bfloat16) and W's format code.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t format);
 
 // elementwise.cpp
@@ -31,6 +33,12 @@ void rms_norm_(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rotary_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up);
+
+// int8_linear.cpp: the fast numerics' linear over GGUF blocks, x (float32 or bfloat16) quantized to int8.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& blocks, const std::optional<at::Tensor>& bias,
+                       int64_t format, int64_t in_features);
+// Rows of float32, bfloat16 or float16 weights as Q8_0 blocks, as llama.cpp's quantize_row_q8_0 makes them.
+at::Tensor quantize_q8_0(const at::Tensor& weight);
 
 // kv_cache.cpp
 void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,

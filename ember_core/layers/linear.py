@@ -13,7 +13,9 @@ parameters: no copy, a tied head still shares the embedding.
 `GGUFBlockLinear` keeps a GGUF file's quantized blocks (Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS), or the 16-bit
 rows of a bfloat16 / float16 checkpoint, instead of float32 weights and expands them tile by tile
 inside the same kernel: its outputs are bit-identical to a float32 `SmallBatchLinear` over the
-dequantized weights, for a fraction of the memory traffic.
+dequantized weights, for a fraction of the memory traffic. Under the fast numerics (`int8`) it
+multiplies the blocks' integers by x quantized to int8 instead (kernels/int8_linear.cpp), at every
+row count and in either dtype.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ GGUF_BLOCK_FORMATS = {
     gguf.GGMLQuantizationType.IQ4_NL: 12,
     gguf.GGMLQuantizationType.IQ4_XS: 13,
 }
+# Added to a block format's code where the linear runs the int8 kernel (ops.h's kInt8Arithmetic).
+INT8_ARITHMETIC = 256
 # The 16-bit row types, by the torch dtype that holds their values; the kernel expands 32 at a time.
 SIXTEEN_BIT_KINDS = {torch.bfloat16: gguf.GGMLQuantizationType.BF16, torch.float16: gguf.GGMLQuantizationType.F16}
 SIXTEEN_BIT_ROW_MULTIPLE = 32
@@ -89,9 +93,16 @@ class GGUFBlockLinear(nn.Module):
         self.kind = kind
         self.format = GGUF_BLOCK_FORMATS[kind]
         self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.int8 = False  # the fast numerics: int8_weights.use_int8_arithmetic sets it
+
+    @property
+    def kernel_format(self) -> int:
+        """The format code ember::linear (the fused decoder layer, the experts) takes for these blocks."""
+        return self.format + INT8_ARITHMETIC if self.int8 else self.format
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind.name} blocks"
+        arithmetic = ", int8 arithmetic" if self.int8 else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.kind.name} blocks{arithmetic}"
 
     def dequantized_weight(self) -> torch.Tensor:
         return cpu_ops.ops().gguf_dequantize(self.blocks, self.format, self.in_features)
@@ -99,6 +110,8 @@ class GGUFBlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in_features] in float32, or in bfloat16 (a bfloat16 model's: the weight's values
         rounded to bfloat16); every row count on the kernel, as SmallBatchLinear."""
+        if self.int8:
+            return cpu_ops.ops().int8_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
         if x.dim() == 2 and x.dtype == torch.bfloat16:
             return cpu_ops.ops().bf16_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
         return cpu_ops.ops().gguf_block_linear(x.contiguous(), self.blocks, self.bias, self.format, self.in_features)
@@ -134,7 +147,7 @@ def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     if isinstance(linear, StackedBlockLinear):
         return None
     if isinstance(linear, GGUFBlockLinear):
-        return linear.blocks, linear.bias, linear.format
+        return linear.blocks, linear.bias, linear.kernel_format
     if linear.weight.dtype == torch.bfloat16 and linear.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
         return None  # bf16_linear takes rows of whole 32-value steps
     return linear.weight, linear.bias, PLAIN_WEIGHT_FORMAT
