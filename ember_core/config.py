@@ -15,6 +15,8 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 GGUFWeights = Literal["blocks", "dequantized"]
 DecodeAttention = Literal["auto", "kernel", "flex", "sdpa"]
 Task = Literal["generate", "embed"]
+Numerics = Literal["auto", "exact", "fast"]  # ember_core/numerics.py
+NUMERICS: tuple[Numerics, ...] = ("auto", "exact", "fast")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 DECODE_ATTENTION: tuple[DecodeAttention, ...] = ("auto", "kernel", "flex", "sdpa")
 
@@ -56,6 +58,10 @@ class EngineConfig:
     # "generate": completions and chat, and embeddings by the model's pooling; "embed": embeddings
     # only (vLLM's pooling runner), generation requests refused.
     task: Task = "generate"
+    # The linears' arithmetic (ember_core/numerics.py): "exact" (the weights' values in the model's
+    # dtype), "fast" (int8 activations times the weights' integers), "auto" (fast for a quantized
+    # GGUF file on the CPU kernels, exact for float checkpoints).
+    numerics: Numerics = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
@@ -87,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"priority_aging_s must be > 0, got {self.priority_aging_s}")
         if self.task not in ("generate", "embed"):
             raise ValueError(f"task must be 'generate' or 'embed', got {self.task!r}")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {self.numerics!r}")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
 

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
+from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, NUMERICS, EngineConfig
 from ember_core.config_flags import env_default, env_name
 from ember_core.speculative_config import speculative_config
 
@@ -61,6 +61,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=["generate", "embed"], default=env_default("task", defaults.task),
                         help="generate: completions, chat and embeddings; embed: embeddings only (generation "
                              "requests are refused)")
+    parser.add_argument("--numerics", choices=NUMERICS, default=env_default("numerics", defaults.numerics),
+                        help="the linears' arithmetic: exact (the weights' values in --dtype, bit-identical to the "
+                             "dequantized model), fast (activations quantized to int8 times the weights' integers, as "
+                             "llama.cpp; float checkpoints are quantized to Q8_0 at load), auto (fast for a quantized "
+                             "GGUF file, else exact); either way batch-invariant")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

@@ -55,7 +55,8 @@ class Engine:
         self.config = config
         device = resolve_device(config.device)
         self.loaded = loaded or load_model(
-            config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks"
+            config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks",
+            numerics=config.numerics,
         )
         model, dtype = self.loaded.model, self.loaded.dtype
         num_blocks = config.num_blocks

@@ -12,11 +12,14 @@ import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_config import decoder_config_from_gguf
 from ember_core.loaders.gguf_tensors import iter_gguf_weights
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.models.decoder import Decoder
+from ember_core.config import Numerics
+from ember_core.numerics import ResolvedNumerics, resolve_numerics
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
 
 logger = logging.getLogger(__name__)
@@ -36,10 +39,13 @@ class FastGGUFReader(gguf.GGUFReader):
 
 
 def load_gguf(
-    path: Path, device: torch.device, dtype: DtypeChoice, keep_blocks: bool = True
-) -> tuple[nn.Module, Tokenizer | None]:
+    path: Path, device: torch.device, dtype: DtypeChoice, keep_blocks: bool = True, numerics: Numerics = "exact"
+) -> tuple[nn.Module, Tokenizer | None, ResolvedNumerics]:
     """`keep_blocks`: in float32 or bfloat16 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS
-    weights from their blocks (gguf_blocks.py)."""
+    weights from their blocks (gguf_blocks.py). `numerics` "auto" is "fast" where the file's linears
+    are quantized and kept in their blocks; returned resolved. Under fast, "auto" dtype is float32:
+    the linears cost the same in either dtype, and float32 keeps the activations' error that of
+    their int8 rounding alone."""
     try:
         reader = FastGGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
@@ -47,6 +53,9 @@ def load_gguf(
     config = decoder_config_from_gguf(reader)
     tokenizer = tokenizer_from_gguf(reader)
     keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
+    numerics = resolve_numerics(numerics, keeps_blocks and _holds_quantized_weights(reader.tensors), device, dtype)
+    if numerics == "fast" and not isinstance(dtype, torch.dtype):
+        dtype = torch.float32
     dtype = chosen_dtype(dtype, lambda: _with_first_layer_blocks(Decoder(config), reader.tensors, keeps_blocks))
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
     weights = iter_gguf_weights(reader.tensors, config, dtype)
@@ -54,7 +63,12 @@ def load_gguf(
     if keeps_blocks and dtype in (torch.float32, torch.bfloat16):
         replaced = keep_gguf_blocks(model, reader.tensors)
         logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
-    return model, tokenizer
+    return model, tokenizer, numerics
+
+
+def _holds_quantized_weights(tensors: list[ReaderTensor]) -> bool:
+    """Whether a weight matrix of the file is in a block format the kernels read (not 16-bit rows)."""
+    return any(t.tensor_type in GGUF_BLOCK_FORMATS and t.tensor_type not in SIXTEEN_BIT_KINDS.values() for t in tensors)
 
 
 def _with_first_layer_blocks(model: Decoder, tensors: list[ReaderTensor], keeps_blocks: bool) -> Decoder:

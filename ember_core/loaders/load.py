@@ -9,12 +9,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ember_core.layers.int8_weights import use_int8_arithmetic
 from ember_core.layers.sixteen_bit_weights import keep_16_bit_weights
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.loaders.resolve import resolve_model
 from ember_core.models.registry import model_from_hf_config
+from ember_core.config import Numerics
+from ember_core.numerics import ResolvedNumerics, resolve_numerics
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 
@@ -31,6 +34,7 @@ class LoadedModel:
     stop_token_ids: frozenset[int]  # EOS and end-of-turn ids
     dtype: torch.dtype
     pooling: PoolingConfig
+    numerics: ResolvedNumerics = "exact"
 
 
 def _load_hf(model_dir: Path, device: torch.device, dtype: DtypeChoice) -> tuple[nn.Module, Tokenizer | None]:
@@ -40,19 +44,25 @@ def _load_hf(model_dir: Path, device: torch.device, dtype: DtypeChoice) -> tuple
     return model, load_hf_tokenizer(model_dir)
 
 
-def load_model(name: str, device: torch.device, dtype: DtypeChoice, compact_weights: bool = True) -> LoadedModel:
+def load_model(
+    name: str, device: torch.device, dtype: DtypeChoice, compact_weights: bool = True, numerics: Numerics = "exact"
+) -> LoadedModel:
     """`dtype`: a dtype, or a function that picks one for the model built without weights
     (dtype_probe.faster_cpu_dtype). `compact_weights`: keep GGUF blocks and 16-bit weights as stored
-    (EngineConfig.gguf_weights == "blocks")."""
+    (EngineConfig.gguf_weights == "blocks"). `numerics`: ember_core/numerics.py."""
     path = resolve_model(name)
     if path.suffix == ".gguf":
-        model, tokenizer = load_gguf(path, device, dtype, compact_weights)
+        model, tokenizer, numerics = load_gguf(path, device, dtype, compact_weights, numerics)
         pooling = read_pooling_config(None, {}, model.config.pooling)
     else:
-        model, tokenizer = _load_hf(path, device, dtype)
+        numerics = resolve_numerics(numerics, False, device, dtype)
+        model, tokenizer = _load_hf(path, device, torch.float32 if numerics == "fast" and not isinstance(dtype, torch.dtype) else dtype)
         pooling = read_pooling_config(path, read_hf_config(path))
     if compact_weights and (kept := keep_16_bit_weights(model)):
         logger.info("%d linear and embedding layers run from their 16-bit rows", kept)
+    if numerics == "fast":
+        switched = use_int8_arithmetic(model)
+        logger.info("numerics fast: %d linears and expert stacks multiply int8 activations", switched)
     config = model.config
     dtype = next(param.dtype for param in model.parameters() if param.is_floating_point())
     stop_ids = set(config.eos_token_ids)
@@ -68,4 +78,5 @@ def load_model(name: str, device: torch.device, dtype: DtypeChoice, compact_weig
         stop_token_ids=frozenset(stop_ids),
         dtype=dtype,
         pooling=pooling,
+        numerics=numerics,
     )

@@ -49,7 +49,7 @@ def _greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]
 
 
 def _ember_greedy(path: Path, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
-    llm = LLM(str(path), num_blocks=256, block_size=4, device="cpu", dtype="float32")
+    llm = LLM(str(path), num_blocks=256, block_size=4, device="cpu", dtype="float32", numerics="exact")
     alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
     return alone, [output.token_ids for output in llm.generate(prompts, GREEDY)]
 
@@ -82,9 +82,9 @@ def _with_weights_of(hf_model: transformers.PreTrainedModel, model: Decoder) -> 
 
 def test_a_q8_0_file_run_from_its_blocks_gives_the_greedy_tokens_of_its_values(files) -> None:
     hf_model, paths = files
-    blocks, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=True)
+    blocks, _, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=True)
     assert isinstance(blocks.layers[0].self_attn.qkv_proj, GGUFBlockLinear)
-    dequantized, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=False)
+    dequantized, _, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=False)
     reference = _with_weights_of(hf_model, dequantized)
     prompts = token_prompts(PROMPT_LENGTHS, seed=7)
     expected = [_greedy(reference, prompt) for prompt in prompts]

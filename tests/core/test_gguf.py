@@ -52,7 +52,7 @@ def smollm2_path(smollm2_gguf_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(smollm2_path: Path) -> LLM:
-    return LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32)
+    return LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, numerics="exact")
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,8 @@ def test_half_size_kv_cache_doubles_the_pool_and_keeps_greedy_tokens(llm: LLM, s
     prompts = _prompt_ids(llm.tokenizer)[:4]
     expected = [o.token_ids for o in llm.generate(prompts, params)]
     for kv_dtype in (torch.float16, torch.bfloat16):
-        half = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, kv_cache_dtype=str(kv_dtype)[6:])
+        half = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32, kv_cache_dtype=str(kv_dtype)[6:],
+                   numerics="exact")
         assert half.engine.block_manager.num_blocks // 2 == llm.engine.block_manager.num_blocks  # floor of 2x
         assert half.engine.runner.decode_attention == "kernel"
         assert half.engine.runner.model.layers[0].self_attn.attn.key_cache.dtype == kv_dtype
@@ -242,7 +243,7 @@ def test_steps_within_the_kernels_rows_give_each_request_the_same_bits_alone_or_
 
     def first_request_logprobs(prompts: list[list[int]], max_num_batched_tokens: int) -> list[float]:
         engine = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_mib=32,
-                     max_num_batched_tokens=max_num_batched_tokens)
+                     max_num_batched_tokens=max_num_batched_tokens, numerics="exact")
         return [token.logprob for token in engine.generate(prompts, params)[0].logprobs]
 
     alone = first_request_logprobs(prompts[:1], SMALL_BATCH_ROWS)
@@ -521,7 +522,7 @@ def _logits_match_with_blocks_and_dequantized(path: Path, hf_model: transformers
         expected = hf_model(torch.tensor([prompt])).logits[0]
     logits, models = {}, {}
     for keep_blocks in (True, False):
-        model, tokenizer = load_gguf(path, CPU, torch.float32, keep_blocks)
+        model, tokenizer, _ = load_gguf(path, CPU, torch.float32, keep_blocks)
         assert tokenizer.decode(tokenizer.encode("a tiny test")) == "a tiny test"
         blocks = list(range(num_tokens // 8))
         runner = ModelRunner(model, num_blocks=len(blocks), block_size=8)
@@ -575,7 +576,10 @@ def test_k_quant_gguf_runs_from_its_blocks(tmp_path: Path) -> None:
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
     runs = [
         [(o.token_ids, o.logprobs) for o in llm.generate(["a tiny test", "tt", "another prompt here"], params)]
-        for llm in (LLM(str(tmp_path / "k.gguf"), device="cpu", dtype="float32", kv_cache_mib=4, gguf_weights=w) for w in ("blocks", "dequantized"))
+        for llm in (
+            LLM(str(tmp_path / "k.gguf"), device="cpu", dtype="float32", kv_cache_mib=4, gguf_weights=w, numerics="exact")
+            for w in ("blocks", "dequantized")
+        )
     ]
     assert runs[0] == runs[1]
 

@@ -31,15 +31,17 @@ def _prompts() -> list[list[int]]:
 
 def test_the_files_mix_formats_in_one_fused_linear() -> None:
     assert len(FILES) == 5
-    model, _ = load_gguf(KQUANTS / "qwen2-Q4_K_M.gguf", torch.device("cpu"), torch.float32, keep_blocks=True)
+    model, _, _ = load_gguf(KQUANTS / "qwen2-Q4_K_M.gguf", torch.device("cpu"), torch.float32, keep_blocks=True)
     assert any(isinstance(module, StackedBlockLinear) for module in model.modules())
 
 
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("path", FILES, ids=lambda path: path.stem)
-def test_alone_batched_chunked_and_cached_give_the_same_tokens(path: Path, dtype: str) -> None:
+def test_alone_batched_chunked_and_cached_give_the_same_tokens(path: Path, dtype: str, numerics: str) -> None:
     prompts = _prompts()
-    llm = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=4096)
+    settings = dict(dtype=dtype, device="cpu", num_blocks=1024, block_size=16, numerics=numerics)
+    llm = LLM(str(path), max_num_batched_tokens=4096, **settings)
     alone = []
     for prompt in prompts:
         llm.reset_prefix_cache()
@@ -48,16 +50,16 @@ def test_alone_batched_chunked_and_cached_give_the_same_tokens(path: Path, dtype
     assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone, "batched, on prefix hits"
     llm.reset_prefix_cache()
     assert [output.token_ids for output in llm.generate(prompts, GREEDY)] == alone, "batched"
-    chunked = LLM(str(path), dtype=dtype, device="cpu", num_blocks=1024, block_size=16, max_num_batched_tokens=200)
+    chunked = LLM(str(path), max_num_batched_tokens=200, **settings)
     assert [output.token_ids for output in chunked.generate(prompts, GREEDY)] == alone, "in chunks"
 
 
 @pytest.mark.parametrize("path", [KQUANTS / "llama-Q4_K_M.gguf", KQUANTS / "qwen2-Q4_K_M.gguf"], ids=lambda path: path.stem)
 def test_float32_gives_the_greedy_tokens_of_transformers_holding_the_files_values(path: Path) -> None:
     family = path.stem.rsplit("-", 1)[0]
-    dequantized, _ = load_gguf(path, torch.device("cpu"), torch.float32, keep_blocks=False)
+    dequantized, _, _ = load_gguf(path, torch.device("cpu"), torch.float32, keep_blocks=False)
     reference = _with_weights_of(hf_model(family, **COMMON, **SHAPES[family]), dequantized)
     prompts = _prompts()[:4]
     expected = [_greedy(reference, prompt) for prompt in prompts]
-    llm = LLM(str(path), dtype="float32", device="cpu", num_blocks=256, block_size=16)
+    llm = LLM(str(path), dtype="float32", device="cpu", num_blocks=256, block_size=16, numerics="exact")
     assert [output.token_ids for output in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))] == expected

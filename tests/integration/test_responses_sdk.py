@@ -48,8 +48,8 @@ def test_create_answers_with_a_message(client: openai.OpenAI) -> None:
 
 
 def test_stream_events_make_the_final_response(client: openai.OpenAI) -> None:
-    with client.responses.stream(model="smol", input="What is the capital of France?", temperature=0,
-                                 max_output_tokens=60) as stream:
+    with client.responses.stream(model="smol", instructions="Answer in one sentence.", input="What is the capital of France?",
+                                 temperature=0, max_output_tokens=60) as stream:
         events = list(stream)
         # the SDK's final response needs response.completed; response.incomplete carries its own
         final = stream.get_final_response() if events[-1].type == "response.completed" else events[-1].response

@@ -101,7 +101,8 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = ["-m", "ember_cli", "serve", "--port", str(port), "--kv-cache-mib", "32", "--dtype", "float32"]
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # Without the system line the packaged Q4_1 file answers in French about l'Étoile, as llama.cpp does on it.
+    messages = [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": "What is the capital of France?"}]
     with spawned(argv, tmp_path / "serve.log") as process:
         offline = LLM(device="cpu", dtype="float32", kv_cache_mib=32)
         prompt = offline.tokenizer.apply_chat_template(messages)
@@ -110,7 +111,9 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
                    2 * STARTUP_TIMEOUT_S, "ember serve")
         assert process.poll() is None, (tmp_path / "serve.log").read_text()
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
+        models = client.models.list().data
+        assert [m.id for m in models] == ["smollm2-135m-instruct"]
+        assert (models[0].dtype, models[0].numerics) == ("float32", "fast")  # a quantized file: fast by default
         chat = client.chat.completions.create(
             model="smollm2-135m-instruct", messages=messages, max_tokens=24, temperature=0
         )
