@@ -131,6 +131,8 @@ class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     hidden_size: int = 0  # the values of an embedding
     # The sizes an embedding may be truncated to (Matryoshka): [] any up to hidden_size; None: none.
     matryoshka_dimensions: list[int] | None = None
+    dtype: str = ""  # of the activations: "float32", "bfloat16", ...; empty: the engine did not say
+    numerics: str = ""  # "exact" or "fast" (ember_core/numerics.py); empty: the engine did not say
 
 
 class Ready(_Message):

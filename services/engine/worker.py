@@ -116,6 +116,8 @@ class EngineWorker:
                 created=int(time.time()),
                 hidden_size=engine.hidden_size,
                 matryoshka_dimensions=None if matryoshka is None else list(matryoshka),
+                dtype=str(engine.loaded.dtype).removeprefix("torch."),
+                numerics=engine.loaded.numerics,
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,

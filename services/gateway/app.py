@@ -212,6 +212,8 @@ def _model_entry(model: ServedModel) -> Model:
         created=model.card.created,
         owned_by="ember",
         max_model_len=model.card.max_model_len,
+        dtype=model.card.dtype or None,
+        numerics=model.card.numerics or None,
     )
 
 

@@ -26,7 +26,7 @@ from ember_gateway.inflight import EngineFailure, InFlight, InFlightRequest, Out
 from ember_gateway.parking import Parking
 from ember_gateway.router import Candidate, choose
 from ember_gateway.trace_context import CURRENT_TRACE
-from ember_proto import EngineStats, Generate
+from ember_proto import EngineStats, Generate, ModelCard
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class EngineSnapshot:
     address: str
     model_name: str
     stats: EngineStats
+    card: ModelCard
 
 
 class EnginePool:
@@ -120,7 +121,7 @@ class EnginePool:
 
     def snapshots(self) -> list[EngineSnapshot]:
         return [
-            EngineSnapshot(address, client.model.name, client.stats)
+            EngineSnapshot(address, client.model.name, client.stats, client.model.card)
             for address, client in self.clients.items()
             if client.model is not None and client.stats is not None
         ]

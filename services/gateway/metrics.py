@@ -57,12 +57,17 @@ class _PoolCollector(Collector):
         prefix_hits = CounterMetricFamily(
             "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=labels
         )
+        model_info = GaugeMetricFamily(
+            "ember_model_info", "1 per engine: the dtype and numerics (exact or fast) its model runs in.",
+            labels=[*labels, "dtype", "numerics"],
+        )
         speculation = {
             field: CounterMetricFamily(f"ember_spec_decode_{field.removeprefix('spec_')}", help_text, labels=labels)
             for field, help_text in _SPECULATION_COUNTERS.items()
         }
         for engine in self._pool.snapshots():
             key, stats = [engine.model_name, engine.address], engine.stats
+            model_info.add_metric([*key, engine.card.dtype, engine.card.numerics], 1)
             for field, family in speculation.items():
                 family.add_metric(key, getattr(stats, field))
             running.add_metric(key, stats.num_running)
@@ -94,7 +99,7 @@ class _PoolCollector(Collector):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
             running, waiting, queued_tokens, kv_usage, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
-            routing, migrations, expert_tokens, *speculation.values(),
+            routing, migrations, expert_tokens, model_info, *speculation.values(),
         )
 
 

@@ -181,6 +181,9 @@ class Model(Shape):
     created: int
     owned_by: str
     max_model_len: int
+    # ember's: the activations' dtype and the numerics (exact or fast) the serving engine runs
+    dtype: str | None = None
+    numerics: str | None = None
 
 
 class ModelList(Shape):

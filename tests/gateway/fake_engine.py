@@ -139,7 +139,8 @@ class FakeEngine:
 
     def card(self) -> ModelCard:
         spec = b"" if self.tokenizer_spec is None else msgspec.msgpack.encode(self.tokenizer_spec)
-        return ModelCard("fake-model", self.max_model_len, self.vocab_size, list(MODEL_STOP_TOKEN_IDS), spec, 1700000000)
+        return ModelCard("fake-model", self.max_model_len, self.vocab_size, list(MODEL_STOP_TOKEN_IDS), spec, 1700000000,
+                         dtype="bfloat16", numerics="fast")
 
     async def _run(self) -> None:
         assert self._socket is not None

@@ -130,7 +130,7 @@ async def wait_for_metric(
 # aiohttp client
 
 
-async def test_health_models_and_metrics_routes(url: str):
+async def test_health_models_and_metrics_routes(url: str, engine_address: str):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/health") as response:
             assert response.status == 200
@@ -138,8 +138,18 @@ async def test_health_models_and_metrics_routes(url: str):
             models = await response.json()
         assert [entry["id"] for entry in models["data"]] == [MODEL]
         assert models["data"][0]["max_model_len"] == 256
+        # a float checkpoint runs the exact numerics unless asked otherwise
+        assert (models["data"][0]["dtype"], models["data"][0]["numerics"]) == ("float32", "exact")
         async with session.get(f"{url}/metrics") as response:
             assert response.status == 200 and "ember_kv_cache_usage_perc" in await response.text()
+        info = f'ember_model_info{{dtype="float32",engine="{engine_address}",model_name="{MODEL}",numerics="exact"}} 1.0'
+        for _ in range(100):  # the engine's first stats (a few per second) bring its gauges
+            async with session.get(f"{url}/metrics") as response:
+                if info in await response.text():
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"{info} never in /metrics")
 
 
 @pytest.mark.parametrize("route", ["completions", "chat"])

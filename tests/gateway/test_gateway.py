@@ -261,7 +261,8 @@ async def test_models_health_and_served_name(fake_engine: FakeEngine, start_gate
     gateway = await start_gateway(fake_engine, model_name="served/name")
     async with gateway.http.get("/v1/models") as response:
         models = await response.json()
-    entry = {"id": "served/name", "object": "model", "created": 1700000000, "owned_by": "ember", "max_model_len": 64}
+    entry = {"id": "served/name", "object": "model", "created": 1700000000, "owned_by": "ember", "max_model_len": 64,
+             "dtype": "bfloat16", "numerics": "fast"}
     assert models == {"object": "list", "data": [entry]}
     async with gateway.http.get("/v1/models/served/name") as response:
         assert response.status == 200
@@ -303,6 +304,7 @@ async def test_metrics(gateway: Gateway):
         f"ember_kv_cache_usage_perc{{{engine_label}}} ",
         'ember_routing_decisions_total{reason="prefix"} 0.0',
         "ember_request_migrations_total 0.0",
+        f'ember_model_info{{dtype="bfloat16",{engine_label},numerics="fast"}} 1.0',
     ):
         assert line in text, line
 
