@@ -1,11 +1,13 @@
 // The machine's arithmetic peak, for `ember bench kernels --peak`: register-only loops of the build's
-// widest float32 multiply-add and, where the build has it, its bfloat16 dot product (vdpbf16ps), on
+// widest float32 multiply-add, its 8-bit integer dot product and, where the build has it, its
+// bfloat16 dot product (vdpbf16ps), on
 // every thread at once. Each thread keeps kChains independent accumulators, more than the
 // instruction's latency x throughput on the CPUs ember runs on, and touches no memory in the loop.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "vec8.h"
@@ -25,7 +27,11 @@ int64_t on_every_thread(int64_t iterations, Vector start, Step&& step) {
     for (int64_t i = 0; i < iterations; ++i)
       for (Vector& a : acc) a = step(a);
     float total = 0.0f;
-    for (const Vector& a : acc) total += reinterpret_cast<const float*>(&a)[0];
+    for (const Vector& a : acc) {
+      float first;
+      std::memcpy(&first, &a, sizeof(first));  // integer vectors too: no aliasing through a cast
+      total += first;
+    }
     volatile float sink = total;
     (void)sink;
   });
@@ -54,6 +60,24 @@ int64_t bf16_dot_flops(int64_t iterations) {
 #endif
 }
 
+// Multiply-adds of 8-bit integers (VNNI's vpdpbusd, 4 products into each 32-bit lane; AVX2's
+// vpmaddubsw + vpmaddwd, two instructions for the same), counted as 2 operations each like a float FMA.
+int64_t int8_dot_ops(int64_t iterations) {
+#if defined(__AVX512VNNI__)
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1);
+  const int64_t threads = on_every_thread(iterations, _mm512_setzero_si512(), [&](__m512i c) { return _mm512_dpbusd_epi32(c, a, b); });
+  return threads * iterations * kChains * 64 * 2;
+#elif defined(__AVX2__)
+  const __m256i a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(-1), ones = _mm256_set1_epi16(1);
+  const int64_t threads = on_every_thread(iterations, _mm256_setzero_si256(), [&](__m256i c) {
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+  });
+  return threads * iterations * kChains * 32 * 2;
+#else
+  TORCH_CHECK(false, "peak_loop: this build has no 8-bit integer dot product (it needs AVX2)");
+#endif
+}
+
 }  // namespace
 
 namespace ember {
@@ -64,7 +88,8 @@ int64_t peak_loop(const std::string& kind, int64_t iterations) {
   TORCH_CHECK(iterations > 0, "peak_loop: iterations must be positive");
   if (kind == "fma") return fma_flops(iterations);
   if (kind == "bf16_dot") return bf16_dot_flops(iterations);
-  TORCH_CHECK(false, "peak_loop: kind must be fma or bf16_dot, got ", kind);
+  if (kind == "int8_dot") return int8_dot_ops(iterations);
+  TORCH_CHECK(false, "peak_loop: kind must be fma, bf16_dot or int8_dot, got ", kind);
 }
 
 }  // namespace ember

@@ -130,8 +130,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
     offline.add_argument("--compare", default="batching,admission,dtype", metavar="AXES",
                          help="comma-separated axes, each run against the baseline with only that axis switched: "
-                              "batching, admission, dtype, gguf_weights, prefix_caching, structured_outputs "
-                              "('' for the baseline alone)")
+                              "batching, admission, dtype, gguf_weights, prefix_caching, structured_outputs, "
+                              "numerics ('' for the baseline alone)")
     offline.add_argument("--concurrency", default="1,4,16", metavar="C1,C2,...",
                          help="comma-separated max_num_seqs (batch sizes) to sweep")
     offline.add_argument("--batching", choices=["continuous", "static"], default=defaults.batching, help="baseline")
@@ -143,6 +143,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
                          help="baseline: reuse cached prompt prefixes within the run (never across runs)")
     offline.add_argument("--structured-outputs", action=argparse.BooleanOptionalAction, default=False,
                          help="baseline: constrain every output to a JSON schema that runs to max_tokens")
+    offline.add_argument("--numerics", choices=["exact", "fast"], default="exact",
+                         help="baseline: the linears' arithmetic (ember serve --numerics)")
     offline.add_argument("--device", help="cuda, mps or cpu (default: detected)")
     offline.add_argument("--block-size", type=int, default=defaults.block_size)
     offline.add_argument("--num-blocks", type=int, help="KV pool size in blocks (overrides --kv-cache-mib)")
@@ -322,6 +324,7 @@ def _offline(args: argparse.Namespace) -> int:
                 gguf_weights=args.gguf_weights,
                 prefix_caching=args.enable_prefix_caching,
                 structured_outputs=args.structured_outputs,
+                numerics=args.numerics,
             ),
             _names(args.compare),
         ),

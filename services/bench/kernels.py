@@ -1,11 +1,13 @@
 """`ember bench kernels`: ember's CPU kernels against this machine's own peak.
 
-The peak: register-only loops of the widest float32 multiply-add and of the bfloat16 dot product
+The peak: register-only loops of the widest float32 multiply-add, of the 8-bit integer dot product
+(`vpdpbusd` with AVX512-VNNI, `vpmaddubsw` + `vpmaddwd` on AVX2) and of the bfloat16 dot product
 (`vdpbf16ps`, where the CPU has it) on every thread (kernels/peak.cpp), and the read bandwidth of
 summing a tensor far larger than the caches. Each kernel then runs on SmolLM2-135M's shapes, its
 30 layers' weights each their own tensor so they stream from memory as in a decode step, through
 the modules a model uses (`SmallBatchLinear`, `GGUFBlockLinear`: the path ember takes at that row
-count and dtype), and is reported as GF/s, GB/s and its share of the peak of its dtype.
+count and dtype; block formats also under the fast numerics, "int8"), and is reported as GF/s (or
+integer G ops/s), GB/s and its share of the peak of its arithmetic.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ LAYER_SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HI
 # F32 / BF16: dense weights of that dtype. No K-quants: their 256-value super-blocks do not divide
 # SmolLM2's 576-wide rows (llama.cpp's converter falls back to Q4_1 / Q8_0 for them too).
 FORMATS = ("F32", "BF16", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
+BLOCK_FORMATS = FORMATS[2:]
 REFERENCE_KERNEL = "layer linears BF16, torch F.linear (oneDNN)"
 PEAK_SECONDS = 0.25
 READ_BYTES = 1 << 30
@@ -38,6 +41,7 @@ class Peak:
     fma_gflops: float
     bf16_dot_gflops: float | None  # None: the CPU has no AVX512-BF16
     read_gbps: float
+    int8_dot_gops: float | None  # None: a build without AVX2
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class KernelTiming:
     seconds: float  # median of the repeats, one call of everything the row covers
     flops: float
     bytes: float  # weights (or K/V) read, plus activations in and out
+    int8: bool = False  # the fast numerics: integer products of int8 activations and the blocks
 
     @property
     def gflops(self) -> float:
@@ -80,7 +85,8 @@ def measure_peak(repeats: int = 3) -> Peak:
     has_bf16_dot = cpu_ops.active_instruction_set().name in ("avx512bf16", "amx")
     data = torch.ones(READ_BYTES // 4)
     read = min(_timed(lambda: data.sum()) for _ in range(repeats))
-    return Peak(loop_gflops("fma"), loop_gflops("bf16_dot") if has_bf16_dot else None, READ_BYTES / read / 1e9)
+    return Peak(loop_gflops("fma"), loop_gflops("bf16_dot") if has_bf16_dot else None, READ_BYTES / read / 1e9,
+                loop_gflops("int8_dot") if cpu_ops.active_instruction_set().name != "baseline" else None)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -89,15 +95,17 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def _linear(weight: torch.Tensor, form: str) -> nn.Module:
-    """weight (float32) as the module a model holds for it in this format."""
+def _linear(weight: torch.Tensor, form: str, int8: bool = False) -> nn.Module:
+    """weight (float32) as the module a model holds for it in this format (`int8`: under the fast numerics)."""
     if form in ("F32", "BF16"):
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
         linear.weight = nn.Parameter(weight.to(torch.float32 if form == "F32" else torch.bfloat16), requires_grad=False)
         return SmallBatchLinear.sharing(linear)
     kind = gguf.GGMLQuantizationType[form]
     blocks = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
-    return GGUFBlockLinear(blocks, kind, weight.shape[1], None)
+    linear = GGUFBlockLinear(blocks, kind, weight.shape[1], None)
+    linear.int8 = int8
+    return linear
 
 
 def _torch_linear(weight: torch.Tensor) -> nn.Linear:
@@ -119,15 +127,16 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
 def linear_timings(
     forms: tuple[str, ...], rows: tuple[int, ...], dtypes: tuple[torch.dtype, ...], repeats: int, layers: int = LAYERS
 ) -> Iterator[KernelTiming]:
-    """A decode step's layer linears (of every layer) per weight format, and the Q8_0 head (the
-    packaged SmolLM2's), per row count and dtype."""
+    """A decode step's layer linears (of every layer) per weight format, block formats in both
+    numerics, and the Q8_0 head (the packaged SmolLM2's), per row count and dtype."""
     generator = torch.Generator().manual_seed(0)
     shapes = LAYER_SHAPES * layers
     weights = [torch.randn(shape, generator=generator) * 0.05 for shape in shapes]
     for form in forms:
-        modules = [_linear(weight, form) for weight in weights]
-        yield from _linear_rows(f"layer linears {form}", modules, rows, dtypes, repeats)
-        del modules
+        for int8 in (False, True) if form in BLOCK_FORMATS else (False,):
+            modules = [_linear(weight, form, int8) for weight in weights]
+            yield from _linear_rows(f"layer linears {form}{', int8' if int8 else ''}", modules, rows, dtypes, repeats)
+            del modules
     if "BF16" in forms and torch.bfloat16 in dtypes:
         # The bar ember's bfloat16 path is held to: torch's own bf16 GEMM (oneDNN) on the same dense
         # weights. On a CPU with AMX, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 with EMBER_CPU_ISA=avx512bf16
@@ -135,8 +144,9 @@ def linear_timings(
         modules = [_torch_linear(weight.bfloat16()) for weight in weights]
         yield from _linear_rows(REFERENCE_KERNEL, modules, rows, (torch.bfloat16,), repeats)
         del modules
-    head = [_linear(torch.randn(VOCAB, HIDDEN, generator=generator) * 0.05, "Q8_0")]
-    yield from _linear_rows("head Q8_0", head, rows, dtypes, repeats)
+    head_weight = torch.randn(VOCAB, HIDDEN, generator=generator) * 0.05
+    yield from _linear_rows("head Q8_0", [_linear(head_weight, "Q8_0")], rows, dtypes, repeats)
+    yield from _linear_rows("head Q8_0, int8", [_linear(head_weight, "Q8_0", int8=True)], rows, dtypes, repeats)
 
 
 def _linear_rows(
@@ -153,7 +163,8 @@ def _linear_rows(
             with torch.inference_mode():
                 seconds = _time(lambda: [module(inputs[module.in_features]) for module in modules], repeats)
             yield KernelTiming(name, _dtype_name(dtype), count, seconds, flops,
-                               weight_bytes + activations * (2 if dtype == torch.bfloat16 else 4))
+                               weight_bytes + activations * (2 if dtype == torch.bfloat16 else 4),
+                               int8=getattr(modules[0], "int8", False))
 
 
 def _runs_in(module: nn.Module, dtype: torch.dtype) -> bool:
@@ -181,22 +192,28 @@ def attention_timings(batches: tuple[int, ...], context: int, repeats: int, laye
 
 
 def kernel_table(timings: list[KernelTiming], peak: Peak) -> str:
-    """One line a timing: ms, GF/s, GB/s, and shares of the compute peak of its dtype and of the read bandwidth."""
+    """One line a timing: ms, GF/s, GB/s, and shares of the compute peak of its arithmetic (int8 dot
+    products, else that of its dtype) and of the read bandwidth."""
     header = f"{'kernel':<44}{'dtype':>10}{'rows':>6}{'ms':>9}{'GF/s':>8}{'GB/s':>8}{'% peak':>8}{'% read':>8}"
     lines = [header]
     for t in timings:
         compute_peak = peak.bf16_dot_gflops if t.dtype == "bfloat16" and peak.bf16_dot_gflops else peak.fma_gflops
+        if t.int8:
+            compute_peak = peak.int8_dot_gops
+        share = f"{t.gflops / compute_peak:>8.0%}" if compute_peak else f"{'-':>8}"
         lines.append(
             f"{t.kernel:<44}{t.dtype:>10}{t.rows:>6}{t.seconds * 1e3:>9.2f}{t.gflops:>8.1f}{t.gbps:>8.1f}"
-            f"{t.gflops / compute_peak:>8.0%}{t.gbps / peak.read_gbps:>8.0%}"
+            f"{share}{t.gbps / peak.read_gbps:>8.0%}"
         )
     return "\n".join(lines)
 
 
 def peak_summary(peak: Peak) -> str:
     bf16 = f"{peak.bf16_dot_gflops:.0f} GF/s" if peak.bf16_dot_gflops else "none (no AVX512-BF16)"
+    int8 = f"{peak.int8_dot_gops:.0f} G ops/s" if peak.int8_dot_gops else "none (no AVX2)"
     return (f"peak on {torch.get_num_threads()} threads ({cpu_ops.active_instruction_set().name} build): "
-            f"float32 FMA {peak.fma_gflops:.0f} GF/s, bfloat16 dot {bf16}, read {peak.read_gbps:.1f} GB/s")
+            f"float32 FMA {peak.fma_gflops:.0f} GF/s, bfloat16 dot {bf16}, int8 dot {int8}, "
+            f"read {peak.read_gbps:.1f} GB/s")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

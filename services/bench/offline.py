@@ -57,13 +57,15 @@ def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompt
     concurrency. Every round runs every setting, so a machine that slows down mid-sweep slows them all alike;
     the transformers baseline runs once, after the rounds."""
     device = resolve_device(config.engine_kwargs.get("device"))
-    loaded_models: dict[tuple[str, str], LoadedModel] = {}
+    loaded_models: dict[tuple[str, str, str], LoadedModel] = {}
 
     def loaded(setting: EngineSetting) -> LoadedModel:
-        key = (setting.dtype, setting.gguf_weights)
+        key = (setting.dtype, setting.gguf_weights, setting.numerics)
         if key not in loaded_models:
             dtype = dtype_for_model(setting.dtype, device)
-            loaded_models[key] = load_model(config.model, device, dtype, compact_weights=setting.gguf_weights == "blocks")
+            loaded_models[key] = load_model(
+                config.model, device, dtype, compact_weights=setting.gguf_weights == "blocks", numerics=setting.numerics
+            )
         return loaded_models[key]
 
     first = loaded(config.settings[0])
@@ -116,6 +118,7 @@ def _run_ember(
     engine_config = EngineConfig(
         model=config.model, max_num_seqs=concurrency, batching=setting.batching, admission=setting.admission,
         dtype=setting.dtype, gguf_weights=setting.gguf_weights, enable_prefix_caching=setting.prefix_caching,
+        numerics=setting.numerics,
         **config.engine_kwargs,
     )
     engine = Engine(engine_config, loaded)

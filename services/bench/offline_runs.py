@@ -15,6 +15,7 @@ COMPARE_AXES: dict[str, tuple[str | bool, str | bool]] = {
     "gguf_weights": ("blocks", "dequantized"),
     "prefix_caching": (True, False),
     "structured_outputs": (False, True),
+    "numerics": ("exact", "fast"),
 }
 
 
@@ -27,12 +28,14 @@ class EngineSetting:
     prefix_caching: bool = True
     # every request's output constrained to a JSON schema (offline.LONG_JSON) that runs to max_tokens
     structured_outputs: bool = False
+    numerics: str = "exact"  # or "fast"
 
     @property
     def label(self) -> str:
         label = f"{self.batching}/{self.admission}/{self.dtype}"
         label = label if self.gguf_weights == "blocks" else f"{label}/gguf-dequantized"
         label = label if self.prefix_caching else f"{label}/no-prefix-cache"
+        label = label if self.numerics == "exact" else f"{label}/{self.numerics}"
         return f"{label}/json-schema" if self.structured_outputs else label
 
 

@@ -32,11 +32,12 @@ def test_the_kernel_table_reports_every_kernel_against_this_machine_s_peak(tmp_p
     bench_main(["kernels", "--formats", "BF16,Q4_1", "--rows", "1,4", "--batches", "2", "--context", "32",
                 "--repeats", "1", "--layers", "1", "--output-json", str(output)])
     report = json.loads(output.read_text())
-    assert report["peak"]["fma_gflops"] > 0 and report["peak"]["read_gbps"] > 0
+    assert report["peak"]["fma_gflops"] > 0 and report["peak"]["read_gbps"] > 0 and report["peak"]["int8_dot_gops"] > 0
     has_bf16_dot = cpu_ops.active_instruction_set().name in ("avx512bf16", "amx")
     assert (report["peak"]["bf16_dot_gflops"] is not None) == has_bf16_dot
     timed = {(t["kernel"], t["dtype"], t["rows"]) for t in report["timings"]}
-    for kernel_name in ("layer linears Q4_1", "head Q8_0"):  # blocks run in either dtype, dense weights in their own
+    for kernel_name in ("layer linears Q4_1", "head Q8_0", "layer linears Q4_1, int8", "head Q8_0, int8"):
+        # blocks run in either dtype and numerics, dense weights in their own
         assert {(kernel_name, dtype, rows) for dtype in ("float32", "bfloat16") for rows in (1, 4)} <= timed
     assert {("layer linears BF16", "bfloat16", 1), ("layer linears BF16", "bfloat16", 4)} <= timed
     assert not any(kernel == "layer linears BF16" and dtype == "float32" for kernel, dtype, _ in timed)
@@ -59,7 +60,13 @@ def test_the_peak_loop_counts_its_operations_and_names_a_missing_instruction() -
     else:
         with pytest.raises(RuntimeError, match="AVX512-BF16"):
             ops.peak_loop("bf16_dot", 10)
-    with pytest.raises(RuntimeError, match="fma or bf16_dot"):
+    if cpu_ops.active_instruction_set().name == "baseline":
+        with pytest.raises(RuntimeError, match="AVX2"):
+            ops.peak_loop("int8_dot", 10)
+    else:
+        int8_lanes = 64 if cpu_ops.active_instruction_set().name in ("avx512", "avx512bf16", "amx") else 32
+        assert ops.peak_loop("int8_dot", 10) == torch.get_num_threads() * 10 * 12 * int8_lanes * 2
+    with pytest.raises(RuntimeError, match="fma, bf16_dot or int8_dot"):
         ops.peak_loop("fp8", 10)
 
 
