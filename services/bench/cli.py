@@ -206,6 +206,22 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     moe.set_defaults(bench_handler=_moe)
     add_log_level_argument(moe, default=argparse.SUPPRESS)
 
+    fidelity = commands.add_parser(
+        "fidelity", help="KL divergence and top-1 agreement of a numerics mode against float32 on the same weights"
+    )
+    fidelity.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
+    fidelity.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="the arithmetic measured")
+    fidelity.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="its activations' dtype")
+    fidelity.add_argument("--text", metavar="PATH", help="the text scored (default: the shipped workloads/fidelity.txt)")
+    fidelity.add_argument("--context", type=int, default=1024, metavar="N",
+                          help="tokens per window; each window's second half is scored (llama-perplexity's -c)")
+    fidelity.add_argument("--max-windows", type=int, metavar="N", help="score at most this many windows")
+    fidelity.add_argument("--llama-cpp-dir", metavar="DIR",
+                          help="a llama.cpp build's bin directory: also measure llama.cpp's arithmetic on the file")
+    fidelity.add_argument("--output-json", metavar="PATH")
+    fidelity.set_defaults(bench_handler=_fidelity)
+    add_log_level_argument(fidelity, default=argparse.SUPPRESS)
+
     export = commands.add_parser("export-gguf", help="write a Hugging Face checkpoint directory as a GGUF file")
     export.add_argument("model_dir", metavar="DIR")
     export.add_argument("--out", required=True, metavar="FILE")
@@ -421,6 +437,47 @@ def _kernels(args: argparse.Namespace) -> int:
             "benchmark": "kernels", "timestamp": _now(), "environment": environment(), "peak": peak,
             "timings": [{**dataclasses.asdict(t), "gflops": t.gflops, "gbps": t.gbps} for t in timings],
         })
+    return 0
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    import tempfile
+
+    import torch
+
+    from ember_bench.fidelity import FIDELITY_HEADER, TEXT, compare, fidelity_row
+    from ember_bench.llama_cpp_fidelity import llama_cpp_fidelity
+    from ember_bench.offline import environment
+    from ember_bench.report import write_json
+    from ember_core.loaders.load import load_model
+    from ember_core.loaders.resolve import resolve_model
+
+    if args.context < 4:
+        raise ValueError(f"--context must be at least 4 tokens, got {args.context}")
+    text = Path(args.text) if args.text else TEXT
+    content = text.read_text()
+    device = torch.device("cpu")
+    reference = load_model(args.model, device, torch.float32, numerics="exact")
+    tested = load_model(args.model, device, getattr(torch, args.dtype), numerics=args.numerics)
+    if reference.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer to cut the text into tokens")
+    tokens = reference.tokenizer.encode(content)
+    name = f"ember {tested.numerics} {args.dtype}"
+    print(f"{args.model}: {len(tokens)} tokens of {text.name}, windows of {args.context}", file=sys.stderr)
+    print(FIDELITY_HEADER)
+    ember = compare(reference.model, tested.model, tokens, args.context, args.max_windows)
+    print(fidelity_row(name, ember), flush=True)
+    report = {"benchmark": "fidelity", "timestamp": _now(), "environment": environment(), "model": args.model,
+              "context": args.context, "tokens": len(tokens), name: ember}
+    if args.llama_cpp_dir:
+        with tempfile.TemporaryDirectory() as workdir:
+            llama = llama_cpp_fidelity(Path(args.llama_cpp_dir), resolve_model(args.model), text, args.context,
+                                       torch.get_num_threads(), Path(workdir), args.max_windows)
+        print(f"| llama.cpp | | {llama.kl_mean:.6f} | {llama.kl_p99:.6f} | {llama.kl_max:.4f} | {llama.top1_agreement:.2%} "
+              f"| {llama.reference_perplexity:.4f} | {llama.perplexity:.4f} |")
+        report["llama.cpp"] = llama
+    if args.output_json:
+        write_json(args.output_json, report)
     return 0
 
 
