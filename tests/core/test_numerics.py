@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ember_bench.fidelity import window_logits
 from ember_core import LLM, SamplingParams
 from ember_core.config import EngineConfig
 from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.layers.moe import Experts, SparseMoE
 from ember_core.loaders.load import load_model
 from ember_core.numerics import resolve_numerics
-from ember_core.runner.inputs import SequenceChunk
-from ember_core.runner.model_runner import ModelRunner
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.families import token_prompts, write_checkpoint
 
@@ -30,13 +29,6 @@ def test_auto_is_fast_for_a_quantized_file_and_exact_for_a_float_checkpoint(gpt2
     assert load_model(str(gpt2_dir), CPU, torch.float32, numerics="auto").numerics == "exact"
     exact = load_model(str(KQUANTS / "llama-Q4_K_M.gguf"), CPU, torch.float32, numerics="exact").model
     assert not any(getattr(module, "int8", False) for module in exact.modules())
-
-
-def _logits(model: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
-    runner = ModelRunner(model, num_blocks=16, block_size=16)
-    table = list(range(-(-len(prompt) // 16)))  # the same blocks of each group's own pool
-    tables = [table] * len(runner.layout.group_windows)
-    return model.compute_logits(runner.forward_hidden([SequenceChunk(prompt, 0, tables)]))
 
 
 @pytest.mark.usefixtures("kernel")
@@ -55,7 +47,7 @@ def test_a_float_checkpoint_opts_into_fast_with_q8_0_weights(family: str, tmp_pa
     # Q8_0 weights and int8 activations, 4 layers: measured mean KL 0.0021 (llama; 0.0009 from the Q8_0
     # weights alone) and 0.0007 (qwen3_moe), the largest logit error 3.5% of the logits' range.
     prompt = token_prompts((40,))[0]
-    reference, quantized = _logits(exact.model, prompt), _logits(fast.model, prompt)
+    reference, quantized = window_logits(exact.model, prompt, 0), window_logits(fast.model, prompt, 0)
     assert (quantized - reference).abs().max() <= 0.05 * (reference.max() - reference.min())
     kl = torch.nn.functional.kl_div(quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True, reduction="none")
     assert kl.sum(-1).mean() <= 0.005
