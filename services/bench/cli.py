@@ -461,11 +461,13 @@ def _fidelity(args: argparse.Namespace) -> int:
     tested = load_model(args.model, device, getattr(torch, args.dtype), numerics=args.numerics)
     if reference.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer to cut the text into tokens")
-    tokens = reference.tokenizer.encode(content)
+    tokenizer = reference.tokenizer
+    tokens = tokenizer.encode(content)
+    bos = tokenizer.bos_token_id if tokenizer.add_bos_token else None
     name = f"ember {tested.numerics} {args.dtype}"
     print(f"{args.model}: {len(tokens)} tokens of {text.name}, windows of {args.context}", file=sys.stderr)
     print(FIDELITY_HEADER)
-    ember = compare(reference.model, tested.model, tokens, args.context, args.max_windows)
+    ember = compare(reference.model, tested.model, tokens, args.context, args.max_windows, bos)
     print(fidelity_row(name, ember), flush=True)
     report = {"benchmark": "fidelity", "timestamp": _now(), "environment": environment(), "model": args.model,
               "context": args.context, "tokens": len(tokens), name: ember}
@@ -473,8 +475,7 @@ def _fidelity(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as workdir:
             llama = llama_cpp_fidelity(Path(args.llama_cpp_dir), resolve_model(args.model), text, args.context,
                                        torch.get_num_threads(), Path(workdir), args.max_windows)
-        print(f"| llama.cpp | | {llama.kl_mean:.6f} | {llama.kl_p99:.6f} | {llama.kl_max:.4f} | {llama.top1_agreement:.2%} "
-              f"| {llama.reference_perplexity:.4f} | {llama.perplexity:.4f} |")
+        print(fidelity_row("llama.cpp", llama))
         report["llama.cpp"] = llama
     if args.output_json:
         write_json(args.output_json, report)

@@ -12,45 +12,49 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class LlamaCppFidelity:
-    kl_mean: float
-    kl_p99: float
-    kl_max: float
-    top1_agreement: float
-    reference_perplexity: float
-    perplexity: float
+from ember_bench.fidelity import Fidelity
+from ember_bench.stats import Distribution
 
 
 _ATTEMPTS = 3
-_FIGURES = {  # field -> the line of llama-perplexity's statistics that holds it
-    "kl_mean": r"Mean\s+KLD:\s+(-?[\d.]+)",
-    "kl_p99": r"99\.0%\s+KLD:\s+(-?[\d.]+)",
-    "kl_max": r"Maximum KLD:\s+(-?[\d.]+)",
-    "top1_agreement": r"Same top p:\s+([\d.]+)",
-    "reference_perplexity": r"Mean PPL\(base\)\s+:\s+([\d.]+)",
-    "perplexity": r"Mean PPL\(Q\)\s+:\s+([\d.]+)",
+_NUMBER = r"(-?[\d.]+)"
+_FIGURES = {  # what -> the line of llama-perplexity's output that holds it
+    "windows": r"computing over (\d+) chunks, n_ctx=(\d+)",
+    "kl_mean": rf"Mean\s+KLD:\s+{_NUMBER}\s+±\s+{_NUMBER}",
+    "kl_median": rf"Median\s+KLD:\s+{_NUMBER}",
+    "kl_p99": rf"99\.0%\s+KLD:\s+{_NUMBER}",
+    "kl_max": rf"Maximum KLD:\s+{_NUMBER}",
+    "top1": rf"Same top p:\s+{_NUMBER}\s+±\s+{_NUMBER}",
+    "reference_perplexity": rf"Mean PPL\(base\)\s+:\s+{_NUMBER}",
+    "perplexity": rf"Mean PPL\(Q\)\s+:\s+{_NUMBER}",
 }
 
 
-def parse_kl_statistics(output: str) -> LlamaCppFidelity:
-    figures = {}
-    for field, pattern in _FIGURES.items():
+def parse_kl_statistics(output: str) -> Fidelity:
+    found = {}
+    for what, pattern in _FIGURES.items():
         match = re.search(pattern, output)
         if match is None:
             raise ValueError(f"llama-perplexity printed no {pattern!r} line; its output ends:\n{output[-2000:]}")
-        figures[field] = float(match.group(1))
-    figures["top1_agreement"] /= 100
-    return LlamaCppFidelity(**figures)
+        found[what] = [float(group) for group in match.groups()]
+    (windows, context), (kl_mean, kl_mean_error), (top1, top1_error) = found["windows"], found["kl_mean"], found["top1"]
+    return Fidelity(
+        scored_tokens=int(windows) * (int(context) - 1 - int(context) // 2),
+        kl=Distribution(kl_mean, found["kl_median"][0], found["kl_p99"][0]),
+        kl_mean_error=kl_mean_error,
+        kl_max=found["kl_max"][0],
+        top1_agreement=top1 / 100,
+        top1_error=top1_error / 100,
+        reference_perplexity=found["reference_perplexity"][0],
+        perplexity=found["perplexity"][0],
+    )
 
 
 def llama_cpp_fidelity(
     bin_dir: Path, model: Path, text: Path, context: int, threads: int, workdir: Path, max_windows: int | None = None
-) -> LlamaCppFidelity:
+) -> Fidelity:
     float32, base = workdir / "float32.gguf", workdir / "base.kld"
     _run([bin_dir / "llama-quantize", "--allow-requantize", model, float32, "F32"])
     common = ["-c", str(context), "-t", str(threads), "--kl-divergence-base", base]
@@ -62,7 +66,7 @@ def llama_cpp_fidelity(
         # llama.cpp logs from a background thread and may exit before it wrote the statistics
         # (seen here about one run in three on a small model): run it again then.
         output = _run(argv)
-        if re.search(_FIGURES["kl_mean"], output):
+        if all(re.search(pattern, output) for pattern in _FIGURES.values()):
             break
     return parse_kl_statistics(output)
 

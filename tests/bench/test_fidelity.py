@@ -18,6 +18,7 @@ from ember_core.kernels import cpu_ops
 
 # The statistics llama-perplexity --kl-divergence printed for SmolLM2 Q4_1 on workloads/fidelity.txt (-c 1024)
 LLAMA_PERPLEXITY_OUTPUT = """
+0.00.276.379 I kl_divergence: computing over 7 chunks, n_ctx=1024, batch_size=2048, n_seq=2
 ====== Perplexity statistics ======
 Mean PPL(Q)                   :   8.839753 ±   0.350072
 Mean PPL(base)                :   8.790828 ±   0.347368
@@ -72,8 +73,10 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_llama_perplexity_statistics_parse() -> None:
     figures = parse_kl_statistics(LLAMA_PERPLEXITY_OUTPUT)
-    assert (figures.kl_mean, figures.kl_p99, figures.kl_max) == (0.002768, 0.011865, 0.195111)
-    assert figures.top1_agreement == pytest.approx(0.96813)
+    assert figures.scored_tokens == 7 * 511  # the second half of each window but its last position
+    assert (figures.kl.mean, figures.kl_mean_error, figures.kl.median, figures.kl.p99) == (0.002768, 0.00007, 0.00212, 0.011865)
+    assert figures.kl_max == 0.195111
+    assert (figures.top1_agreement, figures.top1_error) == (pytest.approx(0.96813), pytest.approx(0.00294))
     assert (figures.reference_perplexity, figures.perplexity) == (8.790828, 8.839753)
     with pytest.raises(ValueError, match="printed no"):
         parse_kl_statistics("main: error: unable to load model")
