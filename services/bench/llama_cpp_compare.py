@@ -7,11 +7,12 @@ FILE --dtype D` and on llama-server, in alternated rounds. Builds llama.cpp when
 DIR keeps the llama-cpp-python sdist, its llama.cpp build (reused when there), the expanded GGUF
 files and the server logs; with --llama-server PATH --llama-quantize PATH nothing is built.
 
-ember expands a quantized file's blocks to float32 or bfloat16 as it computes; llama.cpp would
-multiply them by activations quantized to 8 bits. So that both do the same arithmetic, llama-server
-serves the file expanded by `llama-quantize --allow-requantize FILE OUT F32` (or BF16): the same
-quantized values, stored in the dtype ember computes in. `--llama-weights stored` gives llama-server
-the file itself instead, run by its own quantized kernels (what its users run).
+By default both serve the file as its users run it: llama-server on its own quantized kernels, ember
+with `--numerics auto` (fast on a quantized file: int8 activations times the blocks' integers, as
+llama.cpp computes). `--numerics exact --llama-weights expanded` compares the other arithmetic:
+ember expands the blocks to float32 or bfloat16 as it computes, and llama-server serves the file
+expanded by `llama-quantize --allow-requantize FILE OUT F32` (or BF16), the same values stored in
+the dtype ember computes in.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class CompareConfig:
     input_len: int = 200
     output_len: int = 150
     concurrency: int = 16
-    llama_weights: str = "expanded"  # or "stored": llama-server serves the file as it is
+    llama_weights: str = "stored"  # llama-server serves the file as it is, or "expanded" to the dtype
+    numerics: str = "auto"  # ember serve --numerics
 
     @property
     def llama_context(self) -> int:
@@ -124,7 +126,7 @@ def _running(server: str, dtype: str, config: CompareConfig, llama_server: Path,
              work_dir: Path) -> Iterator[str]:
     """The started server's URL."""
     if server == EMBER:
-        with local_server(str(config.model), 1, ["--dtype", dtype]) as (url, _):
+        with local_server(str(config.model), 1, ["--dtype", dtype, "--numerics", config.numerics]) as (url, _):
             yield url
     else:
         log_path = work_dir / f"llama-server-{dtype}.log"
@@ -203,7 +205,7 @@ def header(config: CompareConfig, llama_version: str) -> str:
         f"CPU: {cpu_name()} ({os.cpu_count()} logical CPUs); model {config.model.name}\n"
         f"{config.num_prompts} prompts of {config.input_len} random words -> {config.output_len} tokens "
         f"(ignore_eos), concurrency {config.concurrency}; rounds: {config.rounds}, alternating which server runs first\n"
-        f"ember serve --dtype D  vs  llama-server {' '.join(config.llama_server_args)} "
+        f"ember serve --dtype D --numerics {config.numerics}  vs  llama-server {' '.join(config.llama_server_args)} "
         f"on the file {'expanded to D' if config.llama_weights == 'expanded' else 'as stored'} (llama.cpp {llama_version})"
     )
 
@@ -249,8 +251,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=_positive_int, default=len(os.sched_getaffinity(0)),
                         help="llama-server's -t (default: the CPUs this process may run on, as ember serve uses)")
     parser.add_argument("--llama-weights", choices=["expanded", "stored"], default=CompareConfig.llama_weights,
-                        help="llama-server serves the file expanded to each dtype (the same arithmetic as ember; "
-                             "default) or as stored (its own quantized kernels)")
+                        help="llama-server serves the file as stored (its own quantized kernels; default) or "
+                             "expanded to each dtype (the arithmetic of ember's --numerics exact)")
+    parser.add_argument("--numerics", choices=["auto", "exact", "fast"], default=CompareConfig.numerics,
+                        help="ember serve --numerics (auto: fast on a quantized file)")
     parser.add_argument("--output-json", type=Path, metavar="PATH", help="write the configuration and every number here")
     args = parser.parse_args(argv)
     needs_quantize = args.llama_weights == "expanded"
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     config = CompareConfig(
         model=args.model or _default_model(), dtypes=args.dtypes, rounds=args.rounds, num_prompts=args.num_prompts,
         input_len=args.input_len, output_len=args.output_len, concurrency=args.concurrency, threads=args.threads,
-        llama_weights=args.llama_weights,
+        llama_weights=args.llama_weights, numerics=args.numerics,
     )
     with tempfile.TemporaryDirectory() as scratch:
         work_dir = args.llama_cpp_dir or Path(scratch)

@@ -47,18 +47,22 @@ def test_defaults_and_the_binaries_or_a_build_dir() -> None:
 
 
 def test_a_stored_file_needs_no_llama_quantize_and_is_served_as_it_is(tmp_path: Path) -> None:
-    assert parse_args(["--llama-cpp-dir", "d"]).llama_weights == "expanded"
-    args = parse_args(["--llama-server", "s", "--llama-weights", "stored"])
+    defaults = parse_args(["--llama-cpp-dir", "d"])
+    assert (defaults.llama_weights, defaults.numerics) == ("stored", "auto")  # as each tool's users run the file
+    args = parse_args(["--llama-server", "s"])
     assert args.llama_quantize is None and args.llama_weights == "stored"
-    config = CompareConfig(model=Path("moe.gguf"), threads=2, llama_weights="stored")
+    config = CompareConfig(model=Path("moe.gguf"), threads=2)
     assert llama_server_files(config, None, tmp_path) == {"float32": Path("moe.gguf"), "bfloat16": Path("moe.gguf")}
-    assert "on the file as stored" in header(config, "version: 1")
+    assert "on the file as stored" in header(config, "version: 1") and "--numerics auto" in header(config, "version: 1")
+    exact = parse_args(["--llama-server", "s", "--llama-quantize", "q", "--numerics", "exact", "--llama-weights", "expanded"])
+    assert (exact.numerics, exact.llama_weights) == ("exact", "expanded")
 
 
 @pytest.mark.parametrize("argv", [
     [],
-    ["--llama-server", "s"],
+    ["--llama-server", "s", "--llama-weights", "expanded"],  # expanding needs llama-quantize
     ["--llama-server", "s", "--llama-weights", "original"],
+    ["--llama-server", "s", "--numerics", "int4"],
     ["--llama-cpp-dir", "d", "--dtypes", "float16"],
     ["--llama-cpp-dir", "d", "--rounds", "0"],
 ])
