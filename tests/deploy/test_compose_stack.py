@@ -90,7 +90,8 @@ def test_health_and_a_chat_completion_through_nginx(stack: Stack) -> None:
         assert json.load(response)["model"] == MODEL
     reply = stack.client().chat.completions.create(
         model=MODEL, temperature=0, max_tokens=16,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "system", "content": "Answer in one sentence."},
+                  {"role": "user", "content": "What is the capital of France?"}],
     )
     assert "Paris" in reply.choices[0].message.content
 
