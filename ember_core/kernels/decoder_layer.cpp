@@ -6,10 +6,12 @@
 // activation, partial rotary (cos/sin narrower than a head), a soft-cap and a sliding window.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "gguf_blocks.h"
 #include "ops.h"
@@ -32,30 +34,61 @@ void norm_heads_(const at::Tensor& columns, int64_t heads, int64_t head_dim, con
   ember::rms_norm_(columns.view({columns.size(0), groups, heads * head_dim / groups}), weight, eps);
 }
 
+// The layer's linears as decoder_layer_ takes them: slot s (qkv, o, gate_up, down) has parts[s]
+// weights (and formats) in a row of the flat lists, and its bias. A slot of several parts is a fused
+// linear whose parts are stored in different formats (a Q4_K_M file's Q4_K q/k and Q6_K v): each
+// part runs alone and their outputs sit side by side before the bias, as layers/linear.py's
+// StackedBlockLinear computes it.
+struct LayerLinears {
+  at::TensorList weights;
+  const c10::List<std::optional<at::Tensor>>& biases;
+  at::IntArrayRef formats, parts;
+
+  at::Tensor operator()(int64_t slot, const at::Tensor& x) const {
+    int64_t first = 0;
+    for (int64_t s = 0; s < slot; ++s) first += parts[s];
+    if (parts[slot] == 1) return ember::linear(x, weights[first], biases.get(slot), formats[first]);
+    std::vector<at::Tensor> outputs;
+    for (int64_t part = first; part < first + parts[slot]; ++part)
+      outputs.push_back(ember::linear(x, weights[part], std::nullopt, formats[part]));
+    at::Tensor y = at::cat(outputs, 1);
+    if (const auto bias = biases.get(slot)) y.add_(*bias);
+    return y;
+  }
+};
+
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
 //   hidden += norm_attn_out(o(attention(rotary(qk_norm(qkv(norm_attn_in(hidden)))))))
 //   hidden += norm_mlp_out(down(act_and_mul(gate_up(norm_mlp_in(hidden)))))
-// where an absent norm passes its input through. weights / biases / formats: qkv, o, gate_up, down, or
-// only qkv and o for the first line alone (a mixture of experts' layer); a format is a GGUF block
-// format code (gguf_blocks.h) or -1 for a weight in hidden's dtype. Each token is its own
-// sequence's decode. Rotary turns the first cos.size(1) dims of each q and k head.
+// where an absent norm passes its input through. biases and parts: per linear, qkv, o, gate_up, down,
+// or only qkv and o for the first line alone (a mixture of experts' layer); weights and formats: per
+// part (LayerLinears); a format is ember::linear's code (ops.h). Each token is its own sequence's
+// decode. Rotary turns the first cos.size(1) dims of each q and k head.
 void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& norms, double eps,
                     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
-                    bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+                    at::IntArrayRef parts, bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                     const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window) {
-  const int64_t linears = static_cast<int64_t>(weights.size());
-  TORCH_CHECK((linears == kLinears || linears == kAttentionLinears) && static_cast<int64_t>(biases.size()) == linears &&
-                  static_cast<int64_t>(formats.size()) == linears,
-              "decoder_layer_: weights, biases and formats must each hold qkv, o, gate_up and down (or qkv and o), got ",
-              weights.size(), ", ", biases.size(), " and ", formats.size());
+  const int64_t linears = static_cast<int64_t>(parts.size());
+  int64_t all_parts = 0;
+  for (const int64_t count : parts) {
+    TORCH_CHECK(count >= 1, "decoder_layer_: every linear has at least one part, got ", parts);
+    all_parts += count;
+  }
+  TORCH_CHECK((linears == kLinears || linears == kAttentionLinears) && static_cast<int64_t>(biases.size()) == linears,
+              "decoder_layer_: parts and biases must each hold qkv, o, gate_up and down (or qkv and o), got ",
+              parts.size(), " and ", biases.size());
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == all_parts && static_cast<int64_t>(formats.size()) == all_parts,
+              "decoder_layer_: weights and formats must hold a part each (", all_parts, "), got ", weights.size(),
+              " and ", formats.size());
+  const LayerLinears linear{weights, biases, formats, parts};
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNorms, "decoder_layer_: norms must hold ", kNorms,
               " entries (attention in/out, mlp in/out, q, k; None where absent), got ", norms.size());
   TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "decoder_layer_: hidden must be [tokens, hidden_size] ",
               "and the caches [num_blocks, block_size, kv_heads, head_dim], got ", hidden.sizes(), " and ",
               key_cache.sizes());
   const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
-  const at::Tensor qkv = ember::linear(normed(hidden, norms.get(kAttentionIn), eps), weights[0], biases.get(0), formats[0]);
+  const at::Tensor qkv = linear(0, normed(hidden, norms.get(kAttentionIn), eps));
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
               qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
   if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
@@ -67,12 +100,12 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
                          heads.narrow(1, num_heads + kv_heads, kv_heads));
   const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
                                                              block_tables, context_lens, scale, softcap, window);
-  const at::Tensor attention_out = ember::linear(attention.view({tokens, num_heads * head_dim}), weights[1], biases.get(1), formats[1]);
+  const at::Tensor attention_out = linear(1, attention.view({tokens, num_heads * head_dim}));
   hidden.add_(normed(attention_out, norms.get(kAttentionOut), eps));
   if (linears == kAttentionLinears) return;
-  const at::Tensor gate_up = ember::linear(normed(hidden, norms.get(kMlpIn), eps), weights[2], biases.get(2), formats[2]);
+  const at::Tensor gate_up = linear(2, normed(hidden, norms.get(kMlpIn), eps));
   const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
-  hidden.add_(normed(ember::linear(activated, weights[3], biases.get(3), formats[3]), norms.get(kMlpOut), eps));
+  hidden.add_(normed(linear(3, activated), norms.get(kMlpOut), eps));
 }
 
 }  // namespace
@@ -94,7 +127,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def(
       "decoder_layer_(Tensor(a!) hidden, Tensor?[] norms, float eps, Tensor[] weights, Tensor?[] biases, "
-      "int[] formats, bool gelu, Tensor cos, Tensor sin, Tensor(b!) key_cache, Tensor(c!) value_cache, "
+      "int[] formats, int[] parts, bool gelu, Tensor cos, Tensor sin, Tensor(b!) key_cache, Tensor(c!) value_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, float scale, float softcap, "
       "int window) -> ()");
 }

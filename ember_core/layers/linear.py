@@ -141,16 +141,17 @@ class StackedBlockLinear(nn.Module):
 PLAIN_WEIGHT_FORMAT = -1
 
 
-def kernel_operands(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """(weight or blocks, bias, format code) of a linear, as cpu_ops.ops().llama_decode_layer_ takes
-    it; None for a StackedBlockLinear or a bfloat16 weight of rows bf16_linear does not take."""
+def kernel_operands(linear: nn.Module) -> tuple[list[torch.Tensor], torch.Tensor | None, list[int]] | None:
+    """(weights or blocks, bias, format codes) of a linear, a weight and a code per part (several for
+    a StackedBlockLinear), as cpu_ops.ops().decoder_layer_ takes it; None for a bfloat16 weight of
+    rows bf16_linear does not take."""
     if isinstance(linear, StackedBlockLinear):
-        return None
+        return [part.blocks for part in linear.parts], linear.bias, [part.kernel_format for part in linear.parts]
     if isinstance(linear, GGUFBlockLinear):
-        return linear.blocks, linear.bias, linear.kernel_format
+        return [linear.blocks], linear.bias, [linear.kernel_format]
     if linear.weight.dtype == torch.bfloat16 and linear.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
         return None  # bf16_linear takes rows of whole 32-value steps
-    return linear.weight, linear.bias, PLAIN_WEIGHT_FORMAT
+    return [linear.weight], linear.bias, [PLAIN_WEIGHT_FORMAT]
 
 
 def runs_on_cpu_kernels(model: nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:

@@ -94,8 +94,8 @@ class DecoderLayer(nn.Module):
         return hidden + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))
 
     @functools.cached_property
-    def fused_operands(self) -> tuple[tuple, tuple, tuple, tuple] | None:
-        """(norms, weights, biases, formats) as decoder_layer_ takes them; None when a linear is one it
+    def fused_operands(self) -> tuple[tuple, tuple, tuple, tuple, tuple] | None:
+        """(norms, weights, biases, formats, parts) as decoder_layer_ takes them; None when a linear is one it
         does not take; a mixture of experts' layer gives only the attention's linears. Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode
         step. The runner swaps the linears before the first step and loading copies into the same
         tensors, so they do not change afterwards."""
@@ -106,18 +106,20 @@ class DecoderLayer(nn.Module):
         operands = [kernel_operands(linear) for linear in linears]
         if any(operand is None for operand in operands):
             return None
-        weights, biases, formats = zip(*operands)
+        weights = tuple(weight for part_weights, _, _ in operands for weight in part_weights)
+        formats = tuple(code for _, _, codes in operands for code in codes)
+        biases, parts = tuple(bias for _, bias, _ in operands), tuple(len(codes) for _, _, codes in operands)
         norms = [getattr(self, f"{slot}_norm") for slot in NORM_SLOTS] + [attention.q_norm, attention.k_norm]
-        return tuple(None if norm is None else norm.weight for norm in norms), weights, biases, formats
+        return tuple(None if norm is None else norm.weight for norm in norms), weights, biases, formats, parts
 
     def forward_fused_(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         """forward_modules as one C++ call with the same bits (the same ops in the same order), adding
         into hidden in place; for decode steps on CPU, where the modules' eager ops cost ~20% of a step."""
         attention = self.self_attn.attn
         group = meta.groups[attention.kv_group]
-        norms, weights, biases, formats = self.fused_operands
+        norms, weights, biases, formats, parts = self.fused_operands
         cpu_ops.ops().decoder_layer_(
-            hidden, norms, self.config.rms_norm_eps, weights, biases, formats, self.config.activation == "gelu_tanh",
+            hidden, norms, self.config.rms_norm_eps, weights, biases, formats, parts, self.config.activation == "gelu_tanh",
             cos, sin, attention.key_cache, attention.value_cache, group.slot_mapping, group.decode_block_tables,
             group.decode_context_lens, attention.num_heads, attention.scale, attention.softcap or 0.0,
             group.sliding_window or 0,

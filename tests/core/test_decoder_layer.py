@@ -1,7 +1,8 @@
 """cpu_ops.ops().decoder_layer_ (kernels/decoder_layer.cpp), a decoder layer's decode step as one
 C++ call, against the layer's modules: the same output bits and the same K/V written, for every
 family's switches (norms before and after, q/k norms, biases, GeGLU, partial rotary, windows,
-soft-caps), float32 weights with biases, GGUF blocks and a half-size cache; and decode steps take it."""
+soft-caps), float32 weights with biases, GGUF blocks (mixed-format K-quant linears too, in both
+numerics) and a half-size cache; and decode steps take it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch.profiler import profile
 
 from ember_core import LLM
 from ember_core.kernels import cpu_ops
+from ember_core.layers.linear import StackedBlockLinear
 from ember_core.loaders import load_model
 from ember_core.models.decoder import Decoder
 from ember_core.runner.inputs import SequenceChunk
@@ -23,6 +25,7 @@ from tests.families import FAMILIES, write_checkpoint
 pytestmark = pytest.mark.usefixtures("kernel")
 
 BLOCK_SIZE = 4
+KQUANTS = Path(__file__).parent / "data" / "kquants"
 CONTEXT_LENGTHS = (1, 5, 13, 30)  # tokens before the decode: one to several blocks each, past the windows
 
 
@@ -99,6 +102,21 @@ def test_gguf_blocks(smollm2_gguf_path: Path) -> None:
     _assert_fused_layers_match_modules(llm.engine.runner)
 
 
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@torch.inference_mode()
+def test_mixed_format_linears_of_k_quant_files(numerics: str, dtype: str) -> None:
+    """llama-quantize's Q4_K_M stores q/k in Q4_K and v in Q6_K in some layers, and on qwen2's
+    320-wide rows falls back to Q5_0 / Q8_0: fused linears of parts in different formats."""
+    for name in ("llama-Q4_K_M", "qwen2-Q4_K_M"):
+        llm = LLM(str(KQUANTS / f"{name}.gguf"), dtype=dtype, numerics=numerics, block_size=BLOCK_SIZE, num_blocks=64)
+        layers = llm.engine.runner.model.layers
+        stacked = [layer for layer in layers if isinstance(layer.self_attn.qkv_proj, StackedBlockLinear)]
+        assert stacked and all(layer.fused_operands is not None for layer in layers), name
+        assert max(layer.fused_operands[4][0] for layer in stacked) > 1  # QKV in parts
+        _assert_fused_layers_match_modules(llm.engine.runner)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
 def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not(family: str, tmp_path: Path) -> None:
@@ -128,20 +146,26 @@ def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> N
     layer = runner.model.layers[0]
     hidden, tables = _layer_inputs(model, input_ids, positions, meta)
     cos, sin = tables[layer.rope]
-    norms, weights, _, _ = layer.fused_operands
+    norms, weights, _, _, _ = layer.fused_operands
     attention, group = layer.self_attn, meta.groups[0]
     key_cache = attention.attn.key_cache
     before = key_cache.clone()
 
-    def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: list = list(norms)) -> None:
+    def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: list = list(norms),
+             parts: list[int] | None = None) -> None:
+        parts = [1] * len(weights) if parts is None else parts
         cpu_ops.ops().decoder_layer_(
-            hidden.clone(), norms, 1e-5, weights, [None] * len(weights), [-1] * len(weights), False, cos, sin,
+            hidden.clone(), norms, 1e-5, weights, [None] * len(parts), [-1] * len(weights), parts, False, cos, sin,
             key_cache, attention.attn.value_cache, group.slot_mapping, group.decode_block_tables,
             group.decode_context_lens, num_heads, 0.25, 0.0, 0,
         )
 
     with pytest.raises(RuntimeError, match=r"must each hold qkv, o, gate_up and down \(or qkv and o\)"):
         call(list(weights[:3]))
+    with pytest.raises(RuntimeError, match=r"weights and formats must hold a part each \(5\), got 4"):
+        call(list(weights), parts=[2, 1, 1, 1])
+    with pytest.raises(RuntimeError, match="every linear has at least one part"):
+        call(list(weights), parts=[0, 2, 1, 1])
     with pytest.raises(RuntimeError, match="the qkv projection gives 128 columns, expected"):
         call(list(weights), num_heads=2)
     with pytest.raises(RuntimeError, match="norms must hold 6 entries"):

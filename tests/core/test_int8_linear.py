@@ -127,7 +127,7 @@ def test_layers_switched_to_int8_run_it_alone_stacked_and_in_the_fused_layer_cod
     stacked = StackedBlockLinear(parts, nn.Parameter(torch.randn(64)))
     for part in parts:
         part.int8 = True
-    assert "int8 arithmetic" in repr(parts[0]) and kernel_operands(parts[0])[2] == GGUF_BLOCK_FORMATS[Q.Q4_K] + INT8_ARITHMETIC
+    assert "int8 arithmetic" in repr(parts[0]) and kernel_operands(parts[0])[2] == [GGUF_BLOCK_FORMATS[Q.Q4_K] + INT8_ARITHMETIC]
     x = torch.randn(150, IN_FEATURES)
     with torch.inference_mode():
         y = stacked(x)
