@@ -28,6 +28,12 @@ ResolvedNumerics = Literal["exact", "fast"]
 INT8_DTYPES = (torch.float32, torch.bfloat16)  # the activations int8_linear quantizes
 
 
+def numerics_dtype(numerics: ResolvedNumerics, dtype: DtypeChoice) -> DtypeChoice:
+    """The dtype a model loads in: fast with no dtype asked for runs float32 (its linears cost the
+    same in either dtype, and float32 keeps the activations' error that of their int8 rounding alone)."""
+    return torch.float32 if numerics == "fast" and not isinstance(dtype, torch.dtype) else dtype
+
+
 def resolve_numerics(requested: Numerics, quantized_weights: bool, device: torch.device, dtype: DtypeChoice) -> ResolvedNumerics:
     """What `requested` means for a model whose file holds quantized weights (or not), on device in
     dtype (a dtype, or the probe that picks one: fast then runs float32); ValueError where fast

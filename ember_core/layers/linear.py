@@ -76,6 +76,12 @@ GGUF_BLOCK_FORMATS = {
 }
 # Added to a block format's code where the linear runs the int8 kernel (ops.h's kInt8Arithmetic).
 INT8_ARITHMETIC = 256
+
+
+def kernel_format_code(format_code: int, int8: bool) -> int:
+    """The code ember::linear (the fused decoder layer, the experts kernel) takes for blocks of
+    format_code, under the fast numerics (int8) or not."""
+    return format_code + INT8_ARITHMETIC if int8 else format_code
 # The 16-bit row types, by the torch dtype that holds their values; the kernel expands 32 at a time.
 SIXTEEN_BIT_KINDS = {torch.bfloat16: gguf.GGMLQuantizationType.BF16, torch.float16: gguf.GGMLQuantizationType.F16}
 SIXTEEN_BIT_ROW_MULTIPLE = 32
@@ -97,8 +103,7 @@ class GGUFBlockLinear(nn.Module):
 
     @property
     def kernel_format(self) -> int:
-        """The format code ember::linear (the fused decoder layer, the experts) takes for these blocks."""
-        return self.format + INT8_ARITHMETIC if self.int8 else self.format
+        return kernel_format_code(self.format, self.int8)
 
     def extra_repr(self) -> str:
         arithmetic = ", int8 arithmetic" if self.int8 else ""

@@ -19,7 +19,7 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.activation import GATED_ACTIVATIONS
-from ember_core.layers.linear import INT8_ARITHMETIC, PLAIN_WEIGHT_FORMAT, SIXTEEN_BIT_ROW_MULTIPLE
+from ember_core.layers.linear import PLAIN_WEIGHT_FORMAT, SIXTEEN_BIT_ROW_MULTIPLE, kernel_format_code
 from ember_core.layers.mlp import MLP
 from ember_core.models.decoder_config import MoEConfig
 
@@ -51,9 +51,6 @@ class Experts(nn.Module):
         arithmetic = ", int8 arithmetic" if self.int8 else ""
         return f"experts={experts}, hidden_size={self.hidden_size}, expert_size={self.expert_size}, {stored}{arithmetic}"
 
-    def _kernel_format(self, format_code: int) -> int:
-        return format_code + INT8_ARITHMETIC if self.int8 else format_code
-
     def _on_kernel(self, x: torch.Tensor) -> bool:
         if not (x.is_cpu and x.dim() == 2 and x.dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available()):
             return False
@@ -64,8 +61,8 @@ class Experts(nn.Module):
         """expert_ids [tokens, top_k] (int64) and expert_weights [tokens, top_k] (x's dtype)."""
         if self._on_kernel(x):
             return cpu_ops.ops().moe_experts(
-                x.contiguous(), expert_ids, expert_weights, self.gate_up_proj, self._kernel_format(self.gate_up_format),
-                self.down_proj, self._kernel_format(self.down_format), self.activation == "gelu_tanh",
+                x.contiguous(), expert_ids, expert_weights, self.gate_up_proj, kernel_format_code(self.gate_up_format, self.int8),
+                self.down_proj, kernel_format_code(self.down_format, self.int8), self.activation == "gelu_tanh",
             )
         return self._forward_loop(x, expert_ids, expert_weights)
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ember_core.config import Numerics
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
@@ -18,8 +19,7 @@ from ember_core.loaders.gguf_config import decoder_config_from_gguf
 from ember_core.loaders.gguf_tensors import iter_gguf_weights
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.models.decoder import Decoder
-from ember_core.config import Numerics
-from ember_core.numerics import ResolvedNumerics, resolve_numerics
+from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
 
 logger = logging.getLogger(__name__)
@@ -43,9 +43,7 @@ def load_gguf(
 ) -> tuple[nn.Module, Tokenizer | None, ResolvedNumerics]:
     """`keep_blocks`: in float32 or bfloat16 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS
     weights from their blocks (gguf_blocks.py). `numerics` "auto" is "fast" where the file's linears
-    are quantized and kept in their blocks; returned resolved. Under fast, "auto" dtype is float32:
-    the linears cost the same in either dtype, and float32 keeps the activations' error that of
-    their int8 rounding alone."""
+    are quantized and kept in their blocks; returned resolved."""
     try:
         reader = FastGGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
@@ -54,9 +52,7 @@ def load_gguf(
     tokenizer = tokenizer_from_gguf(reader)
     keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
     numerics = resolve_numerics(numerics, keeps_blocks and _holds_quantized_weights(reader.tensors), device, dtype)
-    if numerics == "fast" and not isinstance(dtype, torch.dtype):
-        dtype = torch.float32
-    dtype = chosen_dtype(dtype, lambda: _with_first_layer_blocks(Decoder(config), reader.tensors, keeps_blocks))
+    dtype = chosen_dtype(numerics_dtype(numerics, dtype), lambda: _with_first_layer_blocks(Decoder(config), reader.tensors, keeps_blocks))
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
     weights = iter_gguf_weights(reader.tensors, config, dtype)
     model = materialize(lambda: Decoder(config), weights, device, dtype, norm_offset=0.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ember_core.config import Numerics
 from ember_core.layers.int8_weights import use_int8_arithmetic
 from ember_core.layers.sixteen_bit_weights import keep_16_bit_weights
 from ember_core.loaders.gguf_loader import load_gguf
@@ -16,8 +17,7 @@ from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.loaders.resolve import resolve_model
 from ember_core.models.registry import model_from_hf_config
-from ember_core.config import Numerics
-from ember_core.numerics import ResolvedNumerics, resolve_numerics
+from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 
@@ -56,7 +56,7 @@ def load_model(
         pooling = read_pooling_config(None, {}, model.config.pooling)
     else:
         numerics = resolve_numerics(numerics, False, device, dtype)
-        model, tokenizer = _load_hf(path, device, torch.float32 if numerics == "fast" and not isinstance(dtype, torch.dtype) else dtype)
+        model, tokenizer = _load_hf(path, device, numerics_dtype(numerics, dtype))
         pooling = read_pooling_config(path, read_hf_config(path))
     if compact_weights and (kept := keep_16_bit_weights(model)):
         logger.info("%d linear and embedding layers run from their 16-bit rows", kept)
