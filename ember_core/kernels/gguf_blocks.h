@@ -63,6 +63,31 @@ inline void prefetch_block_rows(const uint8_t* blocks, int64_t row_bytes, int64_
     __builtin_prefetch(line, 0, Locality);
 }
 
+// Brings [begin, end) into L2 a slice per step() over `steps` calls: a tile kernel asks for its
+// next tile's bytes spread over the blocks of this one. Asked for all at once (prefetch_block_rows),
+// they fill the core's miss buffers and this tile's own loads wait behind them: a one-row int8
+// linear streamed 14.8 GB/s that way and 20 GB/s spread (Zen 4, Q5_0 9728 x 896, two threads).
+class SpreadPrefetch {
+ public:
+  SpreadPrefetch(const uint8_t* begin, const uint8_t* end, int64_t steps)
+      : line_(begin), end_(end), per_step_(end > begin ? ((end - begin) / steps + 64) / 64 * 64 : 0) {}
+
+  void step() {
+    for (const uint8_t* stop = std::min(line_ + per_step_, end_); line_ < stop; line_ += 64) __builtin_prefetch(line_, 0, 2);
+  }
+
+ private:
+  const uint8_t* line_;
+  const uint8_t* end_;
+  int64_t per_step_;
+};
+
+// The bytes of rows [first_row, first_row + count) of an n-row weight, clipped to it, as a SpreadPrefetch.
+inline SpreadPrefetch spread_prefetch_rows(const uint8_t* blocks, int64_t row_bytes, int64_t n, int64_t first_row, int64_t count,
+                                           int64_t steps) {
+  return {blocks + std::min(first_row, n) * row_bytes, blocks + std::min(first_row + count, n) * row_bytes, steps};
+}
+
 constexpr int64_t kSubBlockValues = 32;  // values expanded at a time
 constexpr int64_t kSubBlockVectors = kSubBlockValues / kLanes;
 

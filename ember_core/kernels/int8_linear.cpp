@@ -307,8 +307,10 @@ void group_against_one_row(const Problem& p, int64_t row, int64_t rows) {
   constexpr int64_t per_block = layout.values / kInt8BlockValues;
   const QuantizedRows& x = *p.x;
   const RowBlocks group = group_rows(p.blocks, p.row_bytes, row, rows);
+  SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, p.n, row + kGroupRows, kGroupRows, x.blocks);
   vfloat acc{};
   for (int64_t block = 0; block < x.blocks; ++block) {
+    next_group.step();
     const RowBlocks at_block{group.first + block / per_block * layout.bytes, group.offsets};
     vsbytes q;
     std::memcpy(&q, x.block_q(0, block), sizeof(q));
@@ -365,10 +367,7 @@ void int8_linear_as(const Problem& p) {
   const auto rows_of = [&](int64_t group) { return std::min(kGroupRows, n - group * kGroupRows); };
   if (m == 1) {
     parallel_over_tiles(groups, [] { return 0; }, [&](int, int64_t begin, int64_t end) {
-      for (int64_t group = begin; group < end; ++group) {
-        prefetch_block_rows<2>(p.blocks, p.row_bytes, n, (group + 1) * kGroupRows, kGroupRows);
-        group_against_one_row<Format>(p, group * kGroupRows, rows_of(group));
-      }
+      for (int64_t group = begin; group < end; ++group) group_against_one_row<Format>(p, group * kGroupRows, rows_of(group));
     });
     return;
   }
@@ -376,9 +375,10 @@ void int8_linear_as(const Problem& p) {
     parallel_over_tiles(groups, [] { return GroupBlock{}; }, [&](GroupBlock& g, int64_t begin, int64_t end) {
       for (int64_t group = begin; group < end; ++group) {
         const int64_t row = group * kGroupRows, rows = rows_of(group);
-        prefetch_block_rows<2>(p.blocks, p.row_bytes, n, row + kGroupRows, kGroupRows);
+        SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, n, row + kGroupRows, kGroupRows, blocks);
         const RowBlocks group_blocks = group_rows(p.blocks, p.row_bytes, row, rows);
         group_against_all_of_x<Format>(p, row, rows, [&](int64_t block) -> const GroupBlock& {
+          next_group.step();
           expand_group<Format>(group_blocks, block, g);
           return g;
         });
@@ -392,7 +392,11 @@ void int8_linear_as(const Problem& p) {
     for (int64_t group = begin; group < end; ++group) {
       const int64_t row = group * kGroupRows, rows = rows_of(group);
       const RowBlocks group_blocks = group_rows(p.blocks, p.row_bytes, row, rows);
-      for (int64_t block = 0; block < blocks; ++block) expand_group<Format>(group_blocks, block, expanded[block]);
+      SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, n, row + kGroupRows, kGroupRows, blocks);
+      for (int64_t block = 0; block < blocks; ++block) {
+        next_group.step();
+        expand_group<Format>(group_blocks, block, expanded[block]);
+      }
       group_against_all_of_x<Format>(p, row, rows, [&](int64_t block) -> const GroupBlock& { return expanded[block]; });
     }
   }, per_take);
