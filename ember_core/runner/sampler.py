@@ -2,9 +2,10 @@
 
 A random row draws one uniform number u and takes the token where the cumulative probability
 (over the vocabulary, or over its top-k / top-p candidates sorted by probability) first reaches
-u: one softmax and one cumulative sum for the whole batch. A seeded request's u is a hash of
-(seed, output index), so its tokens do not depend on what else is in the batch or on preemption;
-the others' come from torch's generator.
+u: one softmax for the whole batch, a cumulative sum per row. A seeded request's u is a hash of
+(seed, output index), and each row's candidates and top logprobs follow its own settings only, so
+its tokens do not depend on what else is in the batch or on preemption; the others' u come from
+torch's generator.
 """
 
 from __future__ import annotations
@@ -60,26 +61,50 @@ def _draw_with_torch(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
     return torch.searchsorted(cdf, targets).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
-def _nucleus(probs: torch.Tensor, params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's top-k / top-p candidates, most likely first: (probabilities, zero outside; token ids).
-    top_p is measured on the top-k tokens' own distribution, renormalised, as vLLM and transformers do."""
+def _draw_filtered(probs: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
+    """Token ids of top-k / top-p rows. A row's candidates are its own top min(k, _CANDIDATES)
+    tokens, or its whole vocabulary sorted where its cut reaches past them: decided by the row
+    alone, since torch's topk and sort order tied probabilities differently (bfloat16 logits tie
+    often), and a row's draw must not follow the window another row of the batch needs."""
     vocab_size = probs.shape[1]
     top_k = [min(p.top_k, vocab_size) or vocab_size for p in params]  # a larger k is no limit
-    width = min(max(top_k), _CANDIDATES)
-    values, ids = probs.topk(width, dim=-1)
-    if width < max(top_k):
+    token_ids = torch.empty(len(params), dtype=torch.long, device=probs.device)
+    by_width: dict[int, list[int]] = {}
+    for row, k in enumerate(top_k):
+        by_width.setdefault(min(k, _CANDIDATES), []).append(row)
+    whole: list[int] = []
+    for width, rows in by_width.items():
+        values, ids = _select(probs, rows).topk(width, dim=-1)
         mass = values.sum(dim=-1).tolist()
         # A top-k cut past the candidates needs its whole mass; a nucleus wider than them, its tokens.
-        if any(k > width and (k < vocab_size or m < p.top_p) for k, m, p in zip(top_k, mass, params)):
-            values, ids = probs.sort(dim=-1, descending=True)
-    ranks = torch.arange(values.shape[1], device=probs.device).unsqueeze(0)
-    k = torch.tensor(top_k, device=probs.device).unsqueeze(1)
+        past = [top_k[row] > width and (top_k[row] < vocab_size or m < params[row].top_p) for row, m in zip(rows, mass)]
+        whole += [row for row, reaches in zip(rows, past) if reaches]
+        inside = [i for i, reaches in enumerate(past) if not reaches]
+        if inside:
+            kept = [rows[i] for i in inside]
+            token_ids[kept] = _draw_nucleus(values[inside], ids[inside], [(top_k[row], params[row].top_p) for row in kept],
+                                            vocab_size, uniforms[kept])
+    if whole:
+        values, ids = _select(probs, whole).sort(dim=-1, descending=True)
+        token_ids[whole] = _draw_nucleus(values, ids, [(top_k[row], params[row].top_p) for row in whole], vocab_size,
+                                         uniforms[whole])
+    return token_ids
+
+
+def _draw_nucleus(
+    values: torch.Tensor, ids: torch.Tensor, cuts: list[tuple[int, float]], vocab_size: int, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Draws among candidates sorted most likely first (probabilities `values`, token `ids`) within
+    each row's (top_k, top_p) cut; top_p is measured on the top-k tokens' own distribution,
+    renormalised, as vLLM and transformers do."""
+    ranks = torch.arange(values.shape[1], device=values.device).unsqueeze(0)
+    k = torch.tensor([top_k for top_k, _ in cuts], device=values.device).unsqueeze(1)
     values = values.masked_fill(ranks >= k, 0.0)
-    top_p = torch.tensor([p.top_p for p in params], device=probs.device).unsqueeze(1)
+    top_p = torch.tensor([top_p for _, top_p in cuts], device=values.device).unsqueeze(1)
     top_k_mass = torch.where(k < vocab_size, values.sum(dim=-1, keepdim=True), 1.0)
     remove = ((values.cumsum(dim=-1) - values) / top_k_mass >= top_p) & (top_p < 1)
     remove[:, 0] = False
-    return values.masked_fill(remove, 0.0), ids
+    return ids.gather(1, _draw(values.masked_fill(remove, 0.0), uniforms).unsqueeze(1)).squeeze(1)
 
 
 def _min_p(probs: torch.Tensor, min_p: list[float]) -> torch.Tensor:
@@ -116,8 +141,7 @@ def _sample_rows(logits: torch.Tensor, requests: list[SamplingRequest]) -> torch
     if plain:
         token_ids[plain] = _draw(_select(probs, plain), uniforms[plain])
     if filtered:
-        values, ids = _nucleus(_select(probs, filtered), [params[i] for i in filtered])
-        token_ids[filtered] = ids.gather(1, _draw(values, uniforms[filtered]).unsqueeze(1)).squeeze(1)
+        token_ids[filtered] = _draw_filtered(_select(probs, filtered), [params[i] for i in filtered], uniforms[filtered])
     return token_ids
 
 
@@ -166,15 +190,18 @@ def _disallowed_penalty(masks: list[TokenMask], vocab_size: int) -> torch.Tensor
 
 
 def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprob]:
-    """Each row's token with its logprob and the row's num_top most likely (token, logprob)."""
+    """Each row's token with its logprob and the row's num_top most likely (token, logprob). Rows
+    asking for the same count share one topk of that width: a row's ties come out in the order its
+    own count gives, whatever longer list another row asks for."""
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
-    top_values, top_ids = logprobs.topk(min(max(num_top, default=0), logits.shape[1]), dim=-1)
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    return [
-        TokenLogprob(token_id, chosen[i], list(zip(top_ids[i][:n], top_values[i][:n])))
-        for i, (token_id, n) in enumerate(zip(token_ids.tolist(), num_top))
-    ]
+    tops: list[list[tuple[int, float]]] = [[] for _ in num_top]
+    for count in sorted(set(num_top) - {0}):
+        rows = [row for row, n in enumerate(num_top) if n == count]
+        values, ids = _select(logprobs, rows).topk(min(count, logits.shape[1]), dim=-1)
+        for row, row_ids, row_values in zip(rows, ids.tolist(), values.tolist()):
+            tops[row] = list(zip(row_ids, row_values))
+    return [TokenLogprob(token_id, chosen[i], tops[i]) for i, token_id in enumerate(token_ids.tolist())]
 
 
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, requests: list[SamplingRequest]) -> list[TokenLogprob]:

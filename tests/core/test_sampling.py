@@ -171,6 +171,25 @@ def test_seeded_rows_draw_the_same_tokens_in_any_batch_position() -> None:
     assert [reversed_batch[3 - row].token_id for row in (0, 2, 3)] == [batched[row] for row in (0, 2, 3)]
 
 
+def test_a_rows_draw_and_logprobs_do_not_depend_on_the_other_rows_settings() -> None:
+    """Logits rounded as coarsely as bfloat16's tie often, and torch's topk and sort order ties
+    differently: a row's candidates, their order and its top logprobs come from its own
+    probabilities and settings, never from the wider window or longer top list another row needs."""
+    generator = torch.Generator().manual_seed(4)
+    logits = (torch.randn(3, 5000, generator=generator) * 4).round() / 2
+    logits[1] = torch.linspace(0.0, -0.5, 5000)  # nearly flat: its nucleus reaches past the candidate window
+    wide = SamplingRequest(SamplingParams(seed=1, temperature=1.0, top_p=0.99, logprobs=20), 0)
+    for seed in range(30):
+        requests = [
+            SamplingRequest(SamplingParams(seed=seed, temperature=1.5, top_p=0.95, logprobs=2), 5),
+            wide,
+            SamplingRequest(SamplingParams(seed=seed, temperature=1.5, top_k=40, logprobs=3), 2),
+        ]
+        alone = [sample(logits[row : row + 1].clone(), [requests[row]])[0] for row in (0, 2)]
+        batched = sample(logits.clone(), requests)
+        assert [batched[0], batched[2]] == alone
+
+
 def test_a_nucleus_wider_than_the_candidate_window_is_sampled_whole() -> None:
     # Nearly flat over 3000 tokens, most likely first: top_p=0.5 keeps about the first 1500.
     logits = [-i * 1e-4 for i in range(3000)]
