@@ -222,6 +222,21 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     fidelity.set_defaults(bench_handler=_fidelity)
     add_log_level_argument(fidelity, default=argparse.SUPPRESS)
 
+    determinism = commands.add_parser(
+        "determinism", help="replay requests under random batch mixes, prefix hits and chunk sizes; count distinct outputs"
+    )
+    determinism.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
+    determinism.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    determinism.add_argument("--numerics", choices=["auto", "exact", "fast"], default="auto")
+    determinism.add_argument("--prompts", type=int, default=8, metavar="N",
+                             help="prompts of the shipped workload (every other one lengthened), each greedy and seeded")
+    determinism.add_argument("--replays", type=int, default=24, metavar="N", help="the first runs each request alone")
+    determinism.add_argument("--max-tokens", type=int, default=16, metavar="N")
+    determinism.add_argument("--seed", type=int, default=0, help="for the replays' mixes and the samples")
+    determinism.add_argument("--output-json", metavar="PATH")
+    determinism.set_defaults(bench_handler=_determinism)
+    add_log_level_argument(determinism, default=argparse.SUPPRESS)
+
     export = commands.add_parser("export-gguf", help="write a Hugging Face checkpoint directory as a GGUF file")
     export.add_argument("model_dir", metavar="DIR")
     export.add_argument("--out", required=True, metavar="FILE")
@@ -438,6 +453,25 @@ def _kernels(args: argparse.Namespace) -> int:
             "timings": [{**dataclasses.asdict(t), "gflops": t.gflops, "gbps": t.gbps} for t in timings],
         })
     return 0
+
+
+def _determinism(args: argparse.Namespace) -> int:
+    from ember_bench.determinism import DeterminismConfig, determinism_table, run_determinism
+    from ember_bench.offline import environment
+    from ember_bench.report import write_json
+
+    config = DeterminismConfig(
+        model=args.model, dtype=args.dtype, numerics=args.numerics, prompts=args.prompts, replays=args.replays,
+        max_tokens=args.max_tokens, seed=args.seed,
+    )
+    report = run_determinism(config)
+    print(determinism_table(report))
+    if args.output_json:
+        write_json(args.output_json, {
+            "benchmark": "determinism", "timestamp": _now(), "environment": environment(), "config": config,
+            "report": report, "tokens_per_s": report.tokens_per_s, "deterministic": report.deterministic,
+        })
+    return 0 if report.deterministic else 1
 
 
 def _fidelity(args: argparse.Namespace) -> int:
