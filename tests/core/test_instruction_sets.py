@@ -61,11 +61,13 @@ def vector_builds() -> list[cpu_ops.InstructionSet]:
     return wanted
 
 
-def test_every_vector_build_serves_the_same_float32_bits(vector_builds, smollm2_gguf_path: Path) -> None:
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+def test_every_vector_build_serves_the_same_float32_bits(vector_builds, smollm2_gguf_path: Path, numerics: str) -> None:
     """The real model from its Q4_1 blocks, prompts of several lengths batched together: every
-    linear, norm, rotary, attention and fused layer of both builds, prefill and decode. Only the
-    ops differ between the two runs (torch's own are the same in one process)."""
-    llm = LLM(str(smollm2_gguf_path), block_size=16, num_blocks=128, dtype="float32", device="cpu")
+    linear (widened blocks, or int8 dot products), norm, rotary, attention and fused layer of both
+    builds, prefill and decode. Only the ops differ between the runs (torch's own are the same in
+    one process)."""
+    llm = LLM(str(smollm2_gguf_path), block_size=16, num_blocks=128, dtype="float32", device="cpu", numerics=numerics)
     prompts = token_prompts(6, vocab_size=49152, min_len=5, max_len=60)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=3, prompt_logprobs=1)
     runs = []

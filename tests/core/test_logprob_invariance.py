@@ -14,7 +14,7 @@ import torch
 
 from ember_core import LLM, SamplingParams
 from ember_core.speculative_config import SpeculativeConfig
-from tests.conftest import assert_pool_free
+from tests.conftest import assert_pool_free, write_gpt2_checkpoint
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.families import VOCAB, write_checkpoint
 
@@ -23,13 +23,13 @@ PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=10, ignore_eos=True, logprobs=2)
 # Drafts at every step (disable_by_batch_size above the batch): every decode verifies some.
 ALWAYS_DRAFT = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2, disable_by_batch_size=64)
-# (model, numerics): GGUF files under either numerics; checkpoints with the families' switches
-# (gemma2: soft-caps and sliding windows beside full layers; qwen3_moe: experts and q/k norms) in
-# exact. Qwen3-MoE's window, which every layer takes, is turned off: there a sequence never holds
-# more than a window's blocks, and the squeezed pool below would have nothing to preempt.
+# (model, numerics): GGUF files under either numerics; in exact, GPT-2 and checkpoints with the
+# families' switches (gemma2: soft-caps and sliding windows beside full layers; qwen3_moe: experts
+# and q/k norms). Qwen3-MoE's window, which every layer takes, is turned off: there a sequence never
+# holds more than a window's blocks, and the squeezed pool below would have nothing to preempt.
 MODELS = [
     ("llama-Q4_K_M", "fast"), ("qwen3_moe-Q4_K_M", "fast"), ("llama-Q4_K_M", "exact"),
-    ("hf-llama", "exact"), ("hf-gemma2", "exact"), ("hf-qwen3_moe", "exact"),
+    ("hf-gpt2", "exact"), ("hf-llama", "exact"), ("hf-gemma2", "exact"), ("hf-qwen3_moe", "exact"),
 ]  # fmt: skip
 
 
@@ -45,6 +45,8 @@ def _outputs(llm: LLM, prompts: list[list[int]], params: SamplingParams = PARAMS
 
 
 def _model_path(model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if model == "hf-gpt2":  # LayerNorm and learned positions: models/gpt2.py, not the shared decoder
+        return str(write_gpt2_checkpoint(tmp_path_factory.mktemp(model), n_positions=512))
     if model.startswith("hf-"):
         directory = tmp_path_factory.mktemp(model)
         family = model.removeprefix("hf-")
