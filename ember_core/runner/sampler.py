@@ -68,12 +68,10 @@ def _draw_filtered(probs: torch.Tensor, params: list[SamplingParams], uniforms: 
     often), and a row's draw must not follow the window another row of the batch needs."""
     vocab_size = probs.shape[1]
     top_k = [min(p.top_k, vocab_size) or vocab_size for p in params]  # a larger k is no limit
+    cuts = [(k, p.top_p) for k, p in zip(top_k, params)]
     token_ids = torch.empty(len(params), dtype=torch.long, device=probs.device)
-    by_width: dict[int, list[int]] = {}
-    for row, k in enumerate(top_k):
-        by_width.setdefault(min(k, _CANDIDATES), []).append(row)
     whole: list[int] = []
-    for width, rows in by_width.items():
+    for width, rows in _rows_by([min(k, _CANDIDATES) for k in top_k]).items():
         values, ids = _select(probs, rows).topk(width, dim=-1)
         mass = values.sum(dim=-1).tolist()
         # A top-k cut past the candidates needs its whole mass; a nucleus wider than them, its tokens.
@@ -82,13 +80,19 @@ def _draw_filtered(probs: torch.Tensor, params: list[SamplingParams], uniforms: 
         inside = [i for i, reaches in enumerate(past) if not reaches]
         if inside:
             kept = [rows[i] for i in inside]
-            token_ids[kept] = _draw_nucleus(values[inside], ids[inside], [(top_k[row], params[row].top_p) for row in kept],
-                                            vocab_size, uniforms[kept])
+            token_ids[kept] = _draw_nucleus(values[inside], ids[inside], [cuts[row] for row in kept], vocab_size, uniforms[kept])
     if whole:
         values, ids = _select(probs, whole).sort(dim=-1, descending=True)
-        token_ids[whole] = _draw_nucleus(values, ids, [(top_k[row], params[row].top_p) for row in whole], vocab_size,
-                                         uniforms[whole])
+        token_ids[whole] = _draw_nucleus(values, ids, [cuts[row] for row in whole], vocab_size, uniforms[whole])
     return token_ids
+
+
+def _rows_by(keys: list[int]) -> dict[int, list[int]]:
+    """Row indices grouped by their key, in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for row, key in enumerate(keys):
+        groups.setdefault(key, []).append(row)
+    return groups
 
 
 def _draw_nucleus(
@@ -196,8 +200,9 @@ def scored_tokens(logits: torch.Tensor, token_ids: torch.Tensor, num_top: list[i
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
     tops: list[list[tuple[int, float]]] = [[] for _ in num_top]
-    for count in sorted(set(num_top) - {0}):
-        rows = [row for row, n in enumerate(num_top) if n == count]
+    for count, rows in _rows_by(num_top).items():
+        if count == 0:
+            continue
         values, ids = _select(logprobs, rows).topk(min(count, logits.shape[1]), dim=-1)
         for row, row_ids, row_values in zip(rows, ids.tolist(), values.tolist()):
             tops[row] = list(zip(row_ids, row_values))
