@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gguf_blocks.h"
+#include "kv_quant.h"
 #include "ops.h"
 
 namespace {
@@ -87,7 +88,9 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
   TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "decoder_layer_: hidden must be [tokens, hidden_size] ",
               "and the caches [num_blocks, block_size, kv_heads, head_dim], got ", hidden.sizes(), " and ",
               key_cache.sizes());
-  const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2), head_dim = key_cache.size(3);
+  // An 8-bit cache's rows end in their scale (kv_quant.h).
+  const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2);
+  const int64_t head_dim = key_cache.size(3) - (is_quantized_cache(key_cache.scalar_type()) ? kScaleBytes : 0);
   const at::Tensor qkv = linear(0, normed(hidden, norms.get(kAttentionIn), eps));
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
               qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);

@@ -1,6 +1,7 @@
 // A step's new K/V rows into their slots of the paged cache, both caches in one call: a row copy per
 // token. Two index_copy_ calls through the dispatcher cost ~10x more at decode sizes. A float32
 // model may keep a float16 or bfloat16 cache: its rows are then rounded as `.to(cache dtype)` does.
+// An 8-bit cache (int8 or e4m3, kv_quant.h) takes rows of any float dtype, each head quantized.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -10,24 +11,61 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
+#include "kv_quant.h"
 #include "ops.h"
 
 namespace {
 
+bool is_float(at::ScalarType rows) { return rows == at::kFloat || rows == at::kBFloat16 || rows == at::kHalf; }
+
 // [tokens, kv_heads, head_dim] with each token's heads contiguous (rows may be strided: the k/v
 // columns of a fused QKV output).
 void check_rows(const at::Tensor& rows, const at::Tensor& cache, const char* name) {
-  TORCH_CHECK(rows.dim() == 3 && rows.size(1) == cache.size(2) && rows.size(2) == cache.size(3),
-              "write_kv_cache_: ", name, " must be [tokens, ", cache.size(2), ", ", cache.size(3), "], got ",
+  const bool quantized = is_quantized_cache(cache.scalar_type());
+  const int64_t head_dim = cache.size(3) - (quantized ? kScaleBytes : 0);
+  TORCH_CHECK(rows.dim() == 3 && rows.size(1) == cache.size(2) && rows.size(2) == head_dim,
+              "write_kv_cache_: ", name, " must be [tokens, ", cache.size(2), ", ", head_dim, "], got ",
               rows.sizes());
   TORCH_CHECK(rows.stride(2) == 1 && rows.stride(1) == rows.size(2), "write_kv_cache_: each token's ", name,
               " heads must be contiguous, got strides ", rows.strides());
   const bool rounded = rows.scalar_type() == at::kFloat &&
                        (cache.scalar_type() == at::kHalf || cache.scalar_type() == at::kBFloat16);
-  TORCH_CHECK((rows.scalar_type() == cache.scalar_type() || rounded) && rows.device() == cache.device(),
+  TORCH_CHECK((rows.scalar_type() == cache.scalar_type() || rounded || (quantized && is_float(rows.scalar_type()))) &&
+                  rows.device() == cache.device(),
               "write_kv_cache_: ", name, " must be on the cache's device, in its dtype (or float32 for a float16 or "
-              "bfloat16 cache), got ", rows.scalar_type(), " for a ", cache.scalar_type(), " cache");
+              "bfloat16 cache, any float dtype for an 8-bit cache), got ", rows.scalar_type(), " for a ",
+              cache.scalar_type(), " cache");
+}
+
+// Each token's heads quantized into their rows (kv_quant.h), from rows of float dtype In.
+template <typename In, typename T>
+void write_quantized(const at::Tensor& key_cache, const at::Tensor& value_cache, const int64_t* slots,
+                     const at::Tensor& key, const at::Tensor& value) {
+  const int64_t kv_heads = key_cache.size(2), row = key_cache.size(3), head_dim = row - kScaleBytes;
+  std::vector<float> widened(head_dim);
+  const std::pair<const at::Tensor*, const at::Tensor*> pairs[] = {{&key, &key_cache}, {&value, &value_cache}};
+  for (const auto& [rows, cache] : pairs) {
+    const In* in = rows->template data_ptr<In>();
+    T* out = static_cast<T*>(cache->data_ptr());
+    for (int64_t t = 0; t < rows->size(0); ++t)
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const In* head = in + t * rows->stride(0) + h * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) widened[i] = static_cast<float>(head[i]);
+        quantize_row(widened.data(), head_dim, out + (slots[t] * kv_heads + h) * row);
+      }
+  }
+}
+
+template <typename T>
+void write_quantized_from(const at::Tensor& key_cache, const at::Tensor& value_cache, const int64_t* slots,
+                          const at::Tensor& key, const at::Tensor& value) {
+  switch (key.scalar_type()) {
+    case at::kFloat: return write_quantized<float, T>(key_cache, value_cache, slots, key, value);
+    case at::kBFloat16: return write_quantized<c10::BFloat16, T>(key_cache, value_cache, slots, key, value);
+    default: return write_quantized<c10::Half, T>(key_cache, value_cache, slots, key, value);
+  }
 }
 
 template <typename T>
@@ -68,7 +106,11 @@ void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache,
   for (int64_t t = 0; t < key.size(0); ++t)
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "write_kv_cache_: slot_mapping[", t, "] = ", slots[t],
                 " is outside the cache's ", num_slots, " slots");
-  if (key.scalar_type() == key_cache.scalar_type()) {  // value's dtype is key's (checked above)
+  if (key_cache.scalar_type() == at::kChar) {
+    write_quantized_from<int8_t>(key_cache, value_cache, slots, key, value);
+  } else if (key_cache.scalar_type() == at::kFloat8_e4m3fn) {
+    write_quantized_from<c10::Float8_e4m3fn>(key_cache, value_cache, slots, key, value);
+  } else if (key.scalar_type() == key_cache.scalar_type()) {  // value's dtype is key's (checked above)
     auto* key_out = static_cast<char*>(key_cache.data_ptr());
     auto* value_out = static_cast<char*>(value_cache.data_ptr());
     const auto* key_in = static_cast<const char*>(key.data_ptr());

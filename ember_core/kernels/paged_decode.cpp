@@ -3,6 +3,9 @@
 // of them). K/V are read in place (no gather copy); scores, softmax and the weighted sum of V are
 // computed in float32, scores soft-capped first where the model asks (Gemma 2). A float32 query may
 // read a float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
+// Any query may read an 8-bit cache (int8 or e4m3 codes with a scale per token and head, kv_quant.h):
+// codes are widened as they are loaded, a key's scale multiplies its score and a value's its weight,
+// so no float copy of the cache is ever made.
 //
 // Work item = a span of one sequence's tokens, all heads. A sequence is cut into spans by its own
 // length alone (64 tokens each; longer ones past 512 tokens, so there are at most 8), never by the
@@ -44,6 +47,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kv_quant.h"
 #include "ops.h"
 #include "vec8.h"
 #include "vec16.h"
@@ -64,7 +68,34 @@ inline vfloat load(const c10::Half* p) {
 #endif
 }
 
+inline vfloat load(const int8_t* p) {
+#if defined(__AVX2__)
+  return reinterpret_cast<vfloat>(
+      _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+#else
+  vfloat v;
+  for (int64_t i = 0; i < kLanes; ++i) v[i] = code_value(p[i]);
+  return v;
+#endif
+}
+
+// e4m3 codes as value / 256 (kv_quant.h).
+inline vfloat load(const c10::Float8_e4m3fn* p) {
+#if defined(__AVX2__) && defined(__F16C__)
+  const __m128i codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i bits = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(codes, _mm_set1_epi16(0x80)), 8),
+                                    _mm_slli_epi16(_mm_and_si128(codes, _mm_set1_epi16(0x7F)), 7));
+  return reinterpret_cast<vfloat>(_mm256_cvtph_ps(bits));
+#else
+  vfloat v;
+  for (int64_t i = 0; i < kLanes; ++i) v[i] = code_value(p[i]);
+  return v;
+#endif
+}
+
 inline float to_float(float x) { return x; }
+inline float to_float(int8_t x) { return code_value(x); }
+inline float to_float(c10::Float8_e4m3fn x) { return code_value(x); }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
@@ -90,6 +121,7 @@ inline float max(vfloat v) {
 
 struct Shapes {
   int64_t num_heads, num_kv_heads, group, head_dim, block_size, max_blocks;
+  int64_t row;  // elements of one token's head in the K/V caches: head_dim, and an 8-bit cache's scale
   int64_t block_stride, token_stride;  // in elements, of the K/V caches
 };
 
@@ -214,7 +246,7 @@ constexpr int64_t kHeadsPerPass = 3;
 template <typename T>
 inline void accumulate_values(float* acc, const float* weights, const T* value_cache, const int32_t* block_table,
                               const Span& span, const Shapes& s, int64_t kv, int64_t weight_stride) {
-  const T* values = value_cache + kv * s.head_dim;
+  const T* values = value_cache + kv * s.row;
   for (int64_t g = 0; g < s.group; g += kHeadsPerPass) {
     float* head_acc = acc + g * s.head_dim;
     const float* head_weights = weights + g * weight_stride;
@@ -305,6 +337,27 @@ inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk
   }
 }
 
+// An 8-bit cache's key scales times a chunk's scores of kv head kv's group, row by row.
+template <typename T>
+inline void scale_chunk_scores(const T* const (&keys)[kRows], const Shapes& s, int64_t kv, float* scores,
+                               int64_t stride) {
+  vfloat key_scales;
+  for (int64_t r = 0; r < kRows; ++r) key_scales[r] = row_scale(keys[r], s.head_dim);
+  for (int64_t h = kv * s.group; h < (kv + 1) * s.group; ++h) store(scores + h * stride, load(scores + h * stride) * key_scales);
+}
+
+// An 8-bit cache's value scales times the span's softmax weights (after their sum is taken), so
+// pass 2 sums codes as it sums values.
+template <typename T>
+inline void scale_weights(const T* value_cache, const int32_t* block_table, const Span& span, const Shapes& s,
+                          float* weights, int64_t stride) {
+  for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
+    for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
+      const float value_scale = row_scale(value_cache + offset + kv * s.row, s.head_dim);
+      for (int64_t h = kv * s.group; h < (kv + 1) * s.group; ++h) weights[h * stride + (t - span.begin)] *= value_scale;
+    });
+}
+
 template <typename Q, typename T>
 void attend_span(const Q* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
                  const Span& span, const Shapes& s, float scale, float softcap, Scratch& scratch,
@@ -321,8 +374,9 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     if (t + rows < span.end) prefetch_chunk(key_cache, value_cache, chunk_at(t + rows, span.end, block_table, s), s);
     for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
       const T* keys[kRows];
-      for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * head_dim;
+      for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * s.row;
       group_chunk_scores(q, keys, s, kv, scores + (t - span.begin), stride);
+      if constexpr (kQuantizedCache<T>) scale_chunk_scores(keys, s, kv, scores + (t - span.begin), stride);
     }
   }
 
@@ -330,6 +384,7 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     soft_cap(scores + h * stride, span.end - span.begin, softcap);
     std::tie(result.max[h], result.sum[h]) = softmax_weights(scores + h * stride, span.end - span.begin);
   }
+  if constexpr (kQuantizedCache<T>) scale_weights(value_cache, block_table, span, s, scores, stride);
 
   for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
@@ -409,7 +464,7 @@ void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache
       prefetch_chunk(key_cache, value_cache, chunk_at<kWideRows>(t + rows, span.end, block_table, s), s);
     for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
       const c10::BFloat16* keys[kWideRows];
-      for (int64_t r = 0; r < kWideRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * head_dim;
+      for (int64_t r = 0; r < kWideRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * s.row;
       for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
         _mm512_storeu_ps(scores + h * stride + (t - span.begin), wide_chunk_scores(query + h * head_dim, keys, head_dim, scale));
     }
@@ -424,7 +479,7 @@ void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache
     for (int64_t g = 0; g < group; g += kHeadsPerPass) {
       float* acc = result.acc + (kv * group + g) * head_dim;
       const float* weights = scores + (kv * group + g) * stride;
-      const c10::BFloat16* values = value_cache + kv * head_dim;
+      const c10::BFloat16* values = value_cache + kv * s.row;
       switch (std::min(kHeadsPerPass, group - g)) {
         case 1: wide_accumulate_values<1>(acc, weights, values, block_table, span, s, stride); break;
         case 2: wide_accumulate_values<2>(acc, weights, values, block_table, span, s, stride); break;
@@ -533,8 +588,10 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
   });
 }
 
-// Query / cache dtype pairs the kernel is built for: a float32 model may keep a half-size cache.
+// Query / cache dtype pairs the kernel is built for: a float32 model may keep a half-size cache, and
+// any model an 8-bit one.
 bool supports(at::ScalarType query, at::ScalarType cache) {
+  if ((query == at::kFloat || query == at::kBFloat16 || query == at::kHalf) && is_quantized_cache(cache)) return true;
   if (query == at::kFloat) return cache == at::kFloat || cache == at::kHalf || cache == at::kBFloat16;
   return (query == at::kBFloat16 || query == at::kHalf) && cache == query;
 }
@@ -556,9 +613,9 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(value_cache.scalar_type() == cache_dtype, "paged_decode_attention: key_cache and value_cache must share a dtype, got ",
               cache_dtype, " and ", value_cache.scalar_type());
   TORCH_CHECK(supports(dtype, cache_dtype),
-              "paged_decode_attention: supports a float32 query over a float32, float16 or bfloat16 cache, and a "
-              "bfloat16 or float16 query over a cache of its dtype; got a ", dtype, " query over a ", cache_dtype,
-              " cache");
+              "paged_decode_attention: supports a float32 query over a float32, float16 or bfloat16 cache, a "
+              "bfloat16 or float16 query over a cache of its dtype, and any of them over an int8 or e4m3 cache; got a ",
+              dtype, " query over a ", cache_dtype, " cache");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && context_lens.scalar_type() == at::kInt,
               "paged_decode_attention: block_tables and context_lens must be int32, got ",
               block_tables.scalar_type(), " and ", context_lens.scalar_type());
@@ -575,8 +632,10 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   const int64_t batch = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
   const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1);
   const int64_t num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == head_dim, "paged_decode_attention: cache head_dim ", key_cache.size(3),
-              " != query head_dim ", head_dim);
+  const int64_t row = head_dim + (is_quantized_cache(cache_dtype) ? kScaleBytes : 0);
+  TORCH_CHECK(key_cache.size(3) == row, "paged_decode_attention: the cache's rows hold ", key_cache.size(3),
+              " elements, a query head_dim of ", head_dim, " needs ", row,
+              is_quantized_cache(cache_dtype) ? " (its values and their float16 scale)" : "");
   TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "paged_decode_attention: ", num_heads,
               " query heads are not a multiple of ", num_kv_heads, " kv heads");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == batch,
@@ -602,14 +661,27 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   }
 
   at::Tensor out = at::empty(query.sizes(), query.options());
-  const Shapes shapes{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim, block_size, max_blocks,
-                      block_size * num_kv_heads * head_dim, num_kv_heads * head_dim};
+  const Shapes shapes{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim, block_size, max_blocks, row,
+                      block_size * num_kv_heads * row, num_kv_heads * row};
   const float scale_f = static_cast<float>(scale), softcap_f = static_cast<float>(softcap);
   const auto attend = [&](auto query_type, auto cache_type) {
     run<decltype(query_type), decltype(cache_type)>(query, key_cache, value_cache, block_tables, context_lens, scale_f,
                                                     softcap_f, window, out, shapes);
   };
-  if (dtype == at::kBFloat16)
+  const auto attend_quantized = [&](auto query_type) {
+    if (cache_dtype == at::kChar)
+      attend(query_type, int8_t{});
+    else
+      attend(query_type, c10::Float8_e4m3fn{});
+  };
+  if (is_quantized_cache(cache_dtype)) {
+    if (dtype == at::kBFloat16)
+      attend_quantized(c10::BFloat16{});
+    else if (dtype == at::kHalf)
+      attend_quantized(c10::Half{});
+    else
+      attend_quantized(float{});
+  } else if (dtype == at::kBFloat16)
     attend(c10::BFloat16{}, c10::BFloat16{});
   else if (dtype == at::kHalf)
     attend(c10::Half{}, c10::Half{});

@@ -20,6 +20,7 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.flex_decode import flex_decode_attention
+from ember_core.layers.kv_quant import is_quantized, quantize, widen
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 
 if TYPE_CHECKING:
@@ -125,9 +126,9 @@ def gathered_decode_attention(
     softcap: float | None = None,
 ) -> torch.Tensor:
     # [B, max_blocks, block_size, kv, d] -> [B, kv, L, d], in the query's dtype (the cache's may be
-    # narrower). A sliding window's dropped (-1) entries gather some block that the mask hides.
-    keys = key_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
-    values = value_cache[block_tables].flatten(1, 2).transpose(1, 2).to(q.dtype)
+    # narrower, or 8-bit). A sliding window's dropped (-1) entries gather some block that the mask hides.
+    keys = widen(key_cache[block_tables], q.dtype).flatten(1, 2).transpose(1, 2)
+    values = widen(value_cache[block_tables], q.dtype).flatten(1, 2).transpose(1, 2)
     return attention_with_mask(q.unsqueeze(2), keys, values, key_mask, scale, softcap).squeeze(2)
 
 
@@ -156,13 +157,19 @@ def write_kv_cache_(
     key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 ) -> None:
     """key / value [num_tokens, num_kv_heads, head_dim] into the cache slots slot_mapping names."""
-    # One C++ call instead of two index_copy_; it also rounds float32 rows into a narrower cache.
-    if key_cache.is_cpu and cpu_ops.is_available() and key.dtype in (key_cache.dtype, torch.float32):
+    # One C++ call instead of two index_copy_; it also rounds float32 rows into a narrower cache, and
+    # quantizes rows of any dtype into an 8-bit one.
+    quantized = is_quantized(key_cache.dtype)
+    if key_cache.is_cpu and cpu_ops.is_available() and (quantized or key.dtype in (key_cache.dtype, torch.float32)):
         cpu_ops.ops().write_kv_cache_(key_cache, value_cache, slot_mapping, key, value)
         return
-    num_kv_heads, head_dim = key_cache.shape[2:]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+    num_kv_heads, row = key_cache.shape[2:]
+    for cache, rows in ((key_cache, key), (value_cache, value)):
+        stored = quantize(rows, cache.dtype) if quantized else rows.to(cache.dtype)
+        # index_copy_ has no 8-bit float kernel: an e4m3 cache is written through its bytes.
+        cache.view(torch.int8 if quantized else cache.dtype).view(-1, num_kv_heads, row).index_copy_(
+            0, slot_mapping, stored.view(torch.int8) if quantized else stored
+        )
 
 
 def paged_attention(
@@ -195,7 +202,7 @@ def paged_attention(
         first_key = first_block * key_cache.shape[1]
         keys = key_cache[p.block_table[first_block:]].flatten(0, 1)[: p.context_len - first_key].transpose(0, 1)
         values = value_cache[p.block_table[first_block:]].flatten(0, 1)[: p.context_len - first_key].transpose(0, 1)
-        keys, values = keys.to(query.dtype), values.to(query.dtype)
+        keys, values = widen(keys, query.dtype), widen(values, query.dtype)
         q = query[chunk].transpose(0, 1)  # [heads, n, d]
         long_chunk = p.num_tokens > SMALL_BATCH_ROWS
         if long_chunk:

@@ -1,0 +1,91 @@
+// The 8-bit KV cache's rows (`--kv-cache-dtype int8|fp8_e4m3`): each token's K (or V) of one KV head
+// is head_dim 8-bit values followed by their float16 scale, as a GGUF Q8_0 block keeps its scale
+// beside its values. A value reads back as code * scale; the scale is absmax / 127 (int8) or
+// absmax / 448 (e4m3's largest finite value), so every row spends the whole 8-bit range.
+//
+// One scale per token and head, not per block: a row is quantized once, when its token is written,
+// from that token's values alone, so its bits do not depend on which tokens share its block, how a
+// prompt was chunked, or what the batch held; a per-block scale would have to requantize the block
+// (or clip) as later tokens arrive. Its 2 bytes cost 3% of a 64-wide head.
+//
+// e4m3 codes are widened through float16: the code's sign, exponent and mantissa bits shifted into a
+// float16's read as the value / 256 (subnormals included), so the kernels fold 256 into the scale.
+// The writer never makes e4m3's NaN code: values are clamped to +-448 first.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kScaleBytes = 2;  // the float16 after a row's values
+
+// The cache tensor dtypes that hold such rows: int8 and float8_e4m3fn.
+inline bool is_quantized_cache(c10::ScalarType cache) {
+  return cache == c10::ScalarType::Char || cache == c10::ScalarType::Float8_e4m3fn;
+}
+
+template <typename T>
+constexpr bool kQuantizedCache = std::is_same_v<T, int8_t> || std::is_same_v<T, c10::Float8_e4m3fn>;
+
+// The largest code magnitude a row's absmax maps to.
+template <typename T>
+constexpr float kCodeMax = std::is_same_v<T, int8_t> ? 127.0f : 448.0f;
+
+// What a row's stored scale is multiplied by before it meets the codes as the kernels widen them.
+template <typename T>
+constexpr float kWidenedUnit = std::is_same_v<T, int8_t> ? 1.0f : 256.0f;
+
+inline float code_value(int8_t code) { return static_cast<float>(code); }
+
+// An e4m3 code as float16 bits (value / 256, exactly).
+inline uint16_t e4m3_as_half_bits(uint8_t code) {
+  return static_cast<uint16_t>(((code & 0x80u) << 8) | ((code & 0x7Fu) << 7));
+}
+
+inline float code_value(c10::Float8_e4m3fn code) {
+  return static_cast<float>(c10::Half(e4m3_as_half_bits(code.x), c10::Half::from_bits()));
+}
+
+// A quantized row's scale, times the unit of its widened codes.
+template <typename T>
+inline float row_scale(const T* row, int64_t head_dim) {
+  uint16_t bits;
+  std::memcpy(&bits, row + head_dim, sizeof(bits));
+#if defined(__F16C__)
+  return _cvtsh_ss(bits) * kWidenedUnit<T>;  // c10::Half's conversion is bit twiddling, ~10x the cost
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits())) * kWidenedUnit<T>;
+#endif
+}
+
+// Quantizes head_dim floats into a row (codes, then the float16 scale).
+template <typename T>
+inline void quantize_row(const float* in, int64_t head_dim, T* row) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < head_dim; ++i) absmax = std::max(absmax, std::abs(in[i]));
+  const c10::Half scale(absmax / kCodeMax<T>);
+  const float step = static_cast<float>(scale);
+  for (int64_t i = 0; i < head_dim; ++i) {
+    // The float16 scale may round down: clamp the few codes that would pass the top.
+    const float x = step > 0.0f ? std::clamp(in[i] / step, -kCodeMax<T>, kCodeMax<T>) : 0.0f;
+    if constexpr (std::is_same_v<T, int8_t>)
+      row[i] = static_cast<int8_t>(std::nearbyint(x));
+    else
+      row[i] = c10::Float8_e4m3fn(x);
+  }
+  std::memcpy(row + head_dim, &scale.x, sizeof(scale.x));
+}
+
+}  // namespace
