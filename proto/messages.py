@@ -133,6 +133,10 @@ class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     matryoshka_dimensions: list[int] | None = None
     dtype: str = ""  # of the activations: "float32", "bfloat16", ...; empty: the engine did not say
     numerics: str = ""  # "exact" or "fast" (ember_core/numerics.py); empty: the engine did not say
+    # The KV cache's dtype ("bfloat16", "int8", "fp8_e4m3", ...), which keys its block hashes, and its
+    # size; empty / 0: the engine did not say.
+    kv_cache_dtype: str = ""
+    kv_cache_bytes: int = 0
 
 
 class Ready(_Message):

@@ -20,7 +20,8 @@ from ember_core.engine.embedding import add_pooled, embedding_bytes, pooled_rows
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.engine.speculator import Speculator
-from ember_core.device import available_memory, resolve_device, resolve_dtype
+from ember_core.device import available_memory, resolve_device
+from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
@@ -60,7 +61,8 @@ class Engine:
         )
         model, dtype = self.loaded.model, self.loaded.dtype
         num_blocks = config.num_blocks
-        kv_dtype = dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, device)
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype, device)
+        self.kv_cache_dtype = kv_cache_dtype_name(kv_dtype)  # what the engine reports, and its hashes' key
         layout = kv_cache_layout(model)
         bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
         if num_blocks is None:
@@ -71,6 +73,7 @@ class Engine:
                     f"({bytes_per_block / 2**20:.1f} MiB each): raise --kv-cache-mib or lower --block-size"
                 )
         _check_kv_cache_fits(num_blocks * bytes_per_block, device)
+        self.kv_cache_bytes = num_blocks * bytes_per_block
         self.block_manager = BlockManager(num_blocks, config.block_size, layout.group_windows)
         cache_tokens = self.block_manager.longest_fitting_sequence(self.loaded.max_model_len, config.max_num_batched_tokens)
         logger.info(
@@ -99,6 +102,7 @@ class Engine:
             min_chunk_tokens=SMALL_BATCH_ROWS + 1,
             policy=config.scheduling_policy,
             priority_aging_s=config.priority_aging_s,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.stop_token_ids = self.loaded.stop_token_ids

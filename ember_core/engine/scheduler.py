@@ -75,8 +75,10 @@ class Scheduler:
         min_chunk_tokens: int = 1,
         policy: SchedulingPolicy = "fcfs",
         priority_aging_s: float = 60.0,
+        kv_cache_dtype: str = "",
     ) -> None:
         self.block_manager = block_manager
+        self.kv_cache_dtype = kv_cache_dtype  # keys the prefix cache's block hashes (cache/block_hash.py)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -336,7 +338,7 @@ class Scheduler:
     def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
         """The prefix hashes of seq's full blocks but the one holding its last token."""
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks, self.kv_cache_dtype)
         return seq.block_hashes[:num_blocks]
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
@@ -344,7 +346,7 @@ class Scheduler:
         if not self._uses_prefix_cache(seq):
             return
         num_full = seq.num_computed_tokens // self.block_manager.block_size
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full)
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full, self.kv_cache_dtype)
         self.block_manager.offer_full_blocks(seq.seq_id, seq.block_hashes, num_full)
 
     def _preempt(self, seq: Sequence) -> None:

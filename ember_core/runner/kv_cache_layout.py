@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ember_core.layers.attention import PagedAttention
+from ember_core.layers.kv_quant import cache_row
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class KVCacheLayout:
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
         element_size = torch.empty(0, dtype=dtype).element_size()
-        return self.layers_per_group * 2 * block_size * self.num_kv_heads * self.head_dim * element_size
+        return self.layers_per_group * 2 * block_size * self.num_kv_heads * cache_row(self.head_dim, dtype) * element_size
 
 
 def attention_layers(model: nn.Module) -> list[PagedAttention]:

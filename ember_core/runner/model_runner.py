@@ -12,6 +12,7 @@ from ember_core.config import DecodeAttention
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import AttentionMetadata, ForwardMetadata, PrefillSlice, decode_key_mask
 from ember_core.layers.flex_decode import decode_block_mask
+from ember_core.layers.kv_quant import cache_row
 from ember_core.layers.linear import use_small_batch_linears
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk
@@ -40,8 +41,9 @@ class ModelRunner:
         self.kv_cache_dtype = kv_cache_dtype or param.dtype
         self.layout = kv_cache_layout(model)
         # The KV pool: per layer of a group, K and V of shape [num_blocks, block_size, num_kv_heads,
-        # head_dim]; the j-th layer of every group writes the j-th pair (kv_cache_layout.py).
-        shape = (num_blocks, block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        # head_dim] (an 8-bit cache's rows 2 longer, for their scale: layers/kv_quant.py); the j-th
+        # layer of every group writes the j-th pair (kv_cache_layout.py).
+        shape = (num_blocks, block_size, self.layout.num_kv_heads, cache_row(self.layout.head_dim, self.kv_cache_dtype))
         pool = [
             tuple(torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype) for _ in range(2))
             for _ in range(self.layout.layers_per_group)

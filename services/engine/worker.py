@@ -118,6 +118,8 @@ class EngineWorker:
                 matryoshka_dimensions=None if matryoshka is None else list(matryoshka),
                 dtype=str(engine.loaded.dtype).removeprefix("torch."),
                 numerics=engine.loaded.numerics,
+                kv_cache_dtype=engine.kv_cache_dtype,
+                kv_cache_bytes=engine.kv_cache_bytes,
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,

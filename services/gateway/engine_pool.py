@@ -177,15 +177,16 @@ class EnginePool:
         turn = next(self._turns)
         prompt_ids = generates[0].prompt_token_ids
         kv = self._routing == "kv"
-        hashes_by_size: dict[int, list[bytes]] = {}
+        hashes_by_cache: dict[tuple[int, str], list[bytes]] = {}
 
         def hashes(client: EngineClient) -> list[bytes]:
-            size = client.model.block_size
-            if not (kv and size):
+            """The prompt's block hashes as this engine computes them: by its block size and cache dtype."""
+            cache = (client.model.block_size, client.model.card.kv_cache_dtype)
+            if not (kv and cache[0]):
                 return []
-            if size not in hashes_by_size:
-                hashes_by_size[size] = prompt_block_hashes(prompt_ids, size)
-            return hashes_by_size[size]
+            if cache not in hashes_by_cache:
+                hashes_by_cache[cache] = prompt_block_hashes(prompt_ids, *cache)
+            return hashes_by_cache[cache]
 
         def prefill_tokens(client: EngineClient) -> int:
             """What generates compute there: the first prompt less its cached blocks, the other

@@ -58,16 +58,21 @@ class _PoolCollector(Collector):
             "ember_prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed again).", labels=labels
         )
         model_info = GaugeMetricFamily(
-            "ember_model_info", "1 per engine: the dtype and numerics (exact or fast) its model runs in.",
-            labels=[*labels, "dtype", "numerics"],
+            "ember_model_info",
+            "1 per engine: the dtype and numerics (exact or fast) its model runs in, and its KV cache's dtype.",
+            labels=[*labels, "dtype", "numerics", "kv_cache_dtype"],
         )
+        kv_bytes = GaugeMetricFamily("ember_kv_cache_bytes", "Bytes of the engine's KV cache pool.", labels=labels)
+        kv_blocks = GaugeMetricFamily("ember_kv_cache_blocks", "Blocks of the engine's KV cache pool.", labels=labels)
         speculation = {
             field: CounterMetricFamily(f"ember_spec_decode_{field.removeprefix('spec_')}", help_text, labels=labels)
             for field, help_text in _SPECULATION_COUNTERS.items()
         }
         for engine in self._pool.snapshots():
             key, stats = [engine.model_name, engine.address], engine.stats
-            model_info.add_metric([*key, engine.card.dtype, engine.card.numerics], 1)
+            model_info.add_metric([*key, engine.card.dtype, engine.card.numerics, engine.card.kv_cache_dtype], 1)
+            kv_bytes.add_metric(key, engine.card.kv_cache_bytes)
+            kv_blocks.add_metric(key, stats.num_kv_blocks_total)
             for field, family in speculation.items():
                 family.add_metric(key, getattr(stats, field))
             running.add_metric(key, stats.num_running)
@@ -98,7 +103,7 @@ class _PoolCollector(Collector):
                 for expert, count in enumerate(counts):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
-            running, waiting, queued_tokens, kv_usage, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
+            running, waiting, queued_tokens, kv_usage, kv_bytes, kv_blocks, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
             routing, migrations, expert_tokens, model_info, *speculation.values(),
         )
 

@@ -116,9 +116,11 @@ def test_invalid_setting_from_the_environment_is_a_one_line_error() -> None:
 
 
 def test_invalid_kv_cache_dtype_is_a_one_line_error() -> None:
-    result = run_ember("generate", "hi", env={**os.environ, "EMBER_KV_CACHE_DTYPE": "int8"})
+    result = run_ember("generate", "hi", env={**os.environ, "EMBER_KV_CACHE_DTYPE": "int4"})
     assert result.returncode == 2
-    assert result.stderr.strip() == "ember: error: kv_cache_dtype must be one of auto, float32, float16, bfloat16, got 'int8'"
+    assert result.stderr.strip() == (
+        "ember: error: kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, fp8_e4m3, got 'int4'"
+    )
 
 
 def test_prefix_caching_is_on_unless_a_flag_or_the_environment_turns_it_off(monkeypatch) -> None:

@@ -63,9 +63,9 @@ def test_chunked_prefill_does_not_change_tokens(gpt2_dir, expected, chunk) -> No
     assert_pool_free(llm)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
-def test_half_size_kv_cache_keeps_batch_and_chunk_invariance(gpt2_dir, kv_cache_dtype) -> None:
-    """Rounded K/V change the tokens a little, but batching and prefill chunking still do not."""
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16", "int8", "fp8_e4m3"])
+def test_narrower_kv_cache_keeps_batch_and_chunk_invariance(gpt2_dir, kv_cache_dtype) -> None:
+    """Rounded or quantized K/V change the tokens a little, but batching and prefill chunking still do not."""
     llm = make_llm(gpt2_dir, kv_cache_dtype=kv_cache_dtype)
     alone = [llm.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
     assert [o.token_ids for o in llm.generate(PROMPTS[::-1], GREEDY)][::-1] == alone

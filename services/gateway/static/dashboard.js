@@ -152,7 +152,9 @@ function showEngine(engine) {
   const view = engineView(engine.address);
   const find = (selector) => view.root.querySelector(selector);
   view.root.dataset.engineId = engine.engine_id;
-  find(".model").textContent = `${engine.model} · ${engine.num_blocks} blocks · engine ${engine.engine_id.slice(0, 8)}`;
+  const cache = engine.kv_cache_dtype
+    ? ` (${engine.kv_cache_dtype}, ${(engine.kv_cache_bytes / 2 ** 20).toFixed(0)} MiB)` : "";
+  find(".model").textContent = `${engine.model} · ${engine.num_blocks} blocks${cache} · engine ${engine.engine_id.slice(0, 8)}`;
   find(".state").textContent = engine.accepting ? "" : "· not taking requests";
   find(".num-running").textContent = engine.running.length;
   find(".num-waiting").textContent = engine.waiting.length;
