@@ -337,6 +337,73 @@ inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+// V summed 16 lanes wide on AVX-512: bfloat16 values, and an 8-bit cache's codes (int8, or e4m3 as
+// value / 256), widened as they are loaded. Each output lane sums its tokens in order.
+inline __m512 load_sixteen(const c10::BFloat16* p, int64_t count) { return load_bf16_sixteen(p, count); }
+
+inline __m512 widen_sixteen(__m128i codes, int8_t) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
+
+inline __m512 widen_sixteen(__m128i codes, c10::Float8_e4m3fn) {
+  const __m256i wide = _mm256_cvtepu8_epi16(codes);
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_cvtph_ps(bits);
+}
+
+template <typename T>
+inline __m512 load_sixteen(const T* p, int64_t count) {
+  const __mmask16 valid = count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+  return widen_sixteen(_mm_maskz_loadu_epi8(valid, p), T{});
+}
+
+// acc[g] = sum over the span's tokens t of weight[g][t] * V[t], for Heads heads, 64 lanes of
+// head_dim at a time (4 registers a head: 3 heads' 12 accumulators, 4 of V and a weight).
+template <int64_t Heads, typename T>
+inline void wide_accumulate_values(float* acc, const float* weights, const T* values,
+                                   const int32_t* block_table, const Span& span, const Shapes& s,
+                                   int64_t weight_stride) {
+  constexpr int64_t kVectors = 4, kWidth = 16;
+  for (int64_t d = 0; d < s.head_dim; d += kVectors * kWidth) {
+    __m512 a[Heads][kVectors];
+    set_zero(a);
+    int64_t counts[kVectors];
+    for (int64_t j = 0; j < kVectors; ++j) counts[j] = std::clamp<int64_t>(s.head_dim - d - j * kWidth, 0, kWidth);
+    for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
+      __m512 v[kVectors];
+      for (int64_t j = 0; j < kVectors; ++j) v[j] = load_sixteen(values + offset + d + j * kWidth, counts[j]);
+      for (int64_t g = 0; g < Heads; ++g) {
+        const __m512 w = _mm512_set1_ps(weights[g * weight_stride + (t - span.begin)]);
+        for (int64_t j = 0; j < kVectors; ++j) a[g][j] = _mm512_fmadd_ps(w, v[j], a[g][j]);
+      }
+    });
+    for (int64_t g = 0; g < Heads; ++g)
+      for (int64_t j = 0; j < kVectors; ++j)
+        if (counts[j] > 0)
+          _mm512_mask_storeu_ps(acc + g * s.head_dim + d + j * kWidth, static_cast<__mmask16>((1u << counts[j]) - 1),
+                                a[g][j]);
+  }
+}
+
+// acc[g] = sum over the span's tokens t of weight[g][t] * V[t], for every query head g of kv head kv's group.
+template <typename T>
+inline void wide_accumulate_group_values(float* acc, const float* weights, const T* value_cache,
+                                         const int32_t* block_table, const Span& span, const Shapes& s, int64_t kv,
+                                         int64_t weight_stride) {
+  const T* values = value_cache + kv * s.row;
+  for (int64_t g = 0; g < s.group; g += kHeadsPerPass) {
+    float* head_acc = acc + g * s.head_dim;
+    const float* head_weights = weights + g * weight_stride;
+    switch (std::min(kHeadsPerPass, s.group - g)) {
+      case 1: wide_accumulate_values<1>(head_acc, head_weights, values, block_table, span, s, weight_stride); break;
+      case 2: wide_accumulate_values<2>(head_acc, head_weights, values, block_table, span, s, weight_stride); break;
+      default: wide_accumulate_values<3>(head_acc, head_weights, values, block_table, span, s, weight_stride);
+    }
+  }
+}
+#define EMBER_WIDE_VALUES 1
+#endif
+
 // An 8-bit cache's key scales times a chunk's scores of kv head kv's group, row by row.
 template <typename T>
 inline void scale_chunk_scores(const T* const (&keys)[kRows], const Shapes& s, int64_t kv, float* scores,
@@ -386,9 +453,17 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
   }
   if constexpr (kQuantizedCache<T>) scale_weights(value_cache, block_table, span, s, scores, stride);
 
-  for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
+  for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
+#if defined(EMBER_WIDE_VALUES)
+    if constexpr (kQuantizedCache<T>) {
+      wide_accumulate_group_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache,
+                                   block_table, span, s, kv, stride);
+      continue;
+    }
+#endif
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
                       s, kv, stride);
+  }
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -423,34 +498,6 @@ inline __m512 wide_chunk_scores(const c10::BFloat16* q, const c10::BFloat16* con
   return _mm512_mul_ps(sixteen_sums(acc), _mm512_set1_ps(scale));
 }
 
-// acc[g] = sum over the span's tokens t of weight[g][t] * V[t], for Heads heads, 64 lanes of
-// head_dim at a time (4 registers a head: 3 heads' 12 accumulators, 4 of V and a weight).
-template <int64_t Heads>
-inline void wide_accumulate_values(float* acc, const float* weights, const c10::BFloat16* values,
-                                   const int32_t* block_table, const Span& span, const Shapes& s,
-                                   int64_t weight_stride) {
-  constexpr int64_t kVectors = 4, kWidth = 16;
-  for (int64_t d = 0; d < s.head_dim; d += kVectors * kWidth) {
-    __m512 a[Heads][kVectors];
-    set_zero(a);
-    int64_t counts[kVectors];
-    for (int64_t j = 0; j < kVectors; ++j) counts[j] = std::clamp<int64_t>(s.head_dim - d - j * kWidth, 0, kWidth);
-    for_each_token(span, block_table, s, [&](int64_t t, int64_t offset) {
-      __m512 v[kVectors];
-      for (int64_t j = 0; j < kVectors; ++j) v[j] = load_bf16_sixteen(values + offset + d + j * kWidth, counts[j]);
-      for (int64_t g = 0; g < Heads; ++g) {
-        const __m512 w = _mm512_set1_ps(weights[g * weight_stride + (t - span.begin)]);
-        for (int64_t j = 0; j < kVectors; ++j) a[g][j] = _mm512_fmadd_ps(w, v[j], a[g][j]);
-      }
-    });
-    for (int64_t g = 0; g < Heads; ++g)
-      for (int64_t j = 0; j < kVectors; ++j)
-        if (counts[j] > 0)
-          _mm512_mask_storeu_ps(acc + g * s.head_dim + d + j * kWidth, static_cast<__mmask16>((1u << counts[j]) - 1),
-                                a[g][j]);
-  }
-}
-
 void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache, const c10::BFloat16* value_cache,
                       const int32_t* block_table, const Span& span, const Shapes& s, float scale, float softcap,
                       Scratch& scratch, const Partial& result) {
@@ -476,16 +523,8 @@ void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache
   }
 
   for (int64_t kv = 0; kv < s.num_kv_heads; ++kv)
-    for (int64_t g = 0; g < group; g += kHeadsPerPass) {
-      float* acc = result.acc + (kv * group + g) * head_dim;
-      const float* weights = scores + (kv * group + g) * stride;
-      const c10::BFloat16* values = value_cache + kv * s.row;
-      switch (std::min(kHeadsPerPass, group - g)) {
-        case 1: wide_accumulate_values<1>(acc, weights, values, block_table, span, s, stride); break;
-        case 2: wide_accumulate_values<2>(acc, weights, values, block_table, span, s, stride); break;
-        default: wide_accumulate_values<3>(acc, weights, values, block_table, span, s, stride);
-      }
-    }
+    wide_accumulate_group_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache,
+                                 block_table, span, s, kv, stride);
 }
 #define EMBER_WIDE_BF16_ATTENTION 1
 #endif
