@@ -212,6 +212,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     fidelity.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
     fidelity.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="the arithmetic measured")
     fidelity.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="its activations' dtype")
+    fidelity.add_argument("--kv-cache-dtype", choices=["int8", "fp8_e4m3"],
+                          help="measure this KV cache against one in the model's dtype, the computation otherwise the same "
+                               "(with --llama-cpp-dir: llama.cpp's q8_0 K/V against its float16 cache)")
     fidelity.add_argument("--text", metavar="PATH", help="the text scored (default: the shipped workloads/fidelity.txt)")
     fidelity.add_argument("--context", type=int, default=1024, metavar="N",
                           help="tokens per window; each window's second half is scored (llama-perplexity's -c)")
@@ -286,12 +289,12 @@ def _serve(args: argparse.Namespace) -> int:
     source = _source(args)
     requests = take(source.words() if isinstance(source, RandomPrompts) else source, args.num_prompts)
     run = asyncio.run(run_serve(config, requests))
-    print(serve_table(run.model, run.metrics, config.slos))
+    print(serve_table(run.model, run.metrics, config.slos, run.preemptions))
     if args.output_json:
         settings = {k: v for k, v in dataclasses.asdict(config).items() if k != "api_key"}
         write_json(args.output_json, {
             "benchmark": "serve", "timestamp": _now(), **_source_description(args), "num_requests": len(requests),
-            "config": {**settings, "model": run.model}, "metrics": run.metrics,
+            "config": {**settings, "model": run.model}, "metrics": run.metrics, "preemptions": run.preemptions,
         })
     return 0 if run.metrics.completed else 1
 
@@ -483,6 +486,7 @@ def _fidelity(args: argparse.Namespace) -> int:
     from ember_bench.llama_cpp_fidelity import llama_cpp_fidelity
     from ember_bench.offline import environment
     from ember_bench.report import write_json
+    from ember_core.layers.kv_quant import QUANTIZED_KV_DTYPES
     from ember_core.loaders.load import load_model
     from ember_core.loaders.resolve import resolve_model
 
@@ -491,26 +495,28 @@ def _fidelity(args: argparse.Namespace) -> int:
     text = Path(args.text) if args.text else TEXT
     content = text.read_text()
     device = torch.device("cpu")
-    reference = load_model(args.model, device, torch.float32, numerics="exact")
     tested = load_model(args.model, device, getattr(torch, args.dtype), numerics=args.numerics)
+    kv_dtype = QUANTIZED_KV_DTYPES.get(args.kv_cache_dtype)
+    reference = tested if kv_dtype else load_model(args.model, device, torch.float32, numerics="exact")
     if reference.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer to cut the text into tokens")
     tokenizer = reference.tokenizer
     tokens = tokenizer.encode(content)
     bos = tokenizer.bos_token_id if tokenizer.add_bos_token else None
-    name = f"ember {tested.numerics} {args.dtype}"
+    name = f"ember {tested.numerics} {args.dtype}" + (f", {args.kv_cache_dtype} K/V" if kv_dtype else "")
     print(f"{args.model}: {len(tokens)} tokens of {text.name}, windows of {args.context}", file=sys.stderr)
     print(FIDELITY_HEADER)
-    ember = compare(reference.model, tested.model, tokens, args.context, args.max_windows, bos)
+    ember = compare(reference.model, tested.model, tokens, args.context, args.max_windows, bos, kv_dtype)
     print(fidelity_row(name, ember), flush=True)
     report = {"benchmark": "fidelity", "timestamp": _now(), "environment": environment(), "model": args.model,
               "context": args.context, "tokens": len(tokens), name: ember}
     if args.llama_cpp_dir:
         with tempfile.TemporaryDirectory() as workdir:
             llama = llama_cpp_fidelity(Path(args.llama_cpp_dir), resolve_model(args.model), text, args.context,
-                                       torch.get_num_threads(), Path(workdir), args.max_windows)
-        print(fidelity_row("llama.cpp", llama))
-        report["llama.cpp"] = llama
+                                       torch.get_num_threads(), Path(workdir), args.max_windows, kv_cache_q8_0=bool(kv_dtype))
+        llama_name = "llama.cpp, q8_0 K/V" if kv_dtype else "llama.cpp"
+        print(fidelity_row(llama_name, llama))
+        report[llama_name] = llama
     if args.output_json:
         write_json(args.output_json, report)
     return 0

@@ -1,6 +1,7 @@
 """`ember bench fidelity`: how far a numerics mode (or dtype) moves a model's next-token
 distributions from the float32 computation on the same weights (a GGUF file's blocks widened
-exactly: `--numerics exact` in float32).
+exactly: `--numerics exact` in float32); or, with `--kv-cache-dtype`, how far an 8-bit KV cache
+moves them from the same computation over a cache in the model's dtype.
 
 The protocol is llama-perplexity's `--kl-divergence`, so the two tools' figures compare: the text
 (workloads/fidelity.txt unless told) is cut into windows of `context` tokens, each run from an
@@ -42,10 +43,10 @@ class Fidelity:
 
 
 @torch.inference_mode()
-def window_logits(model: nn.Module, tokens: list[int], first: int) -> torch.Tensor:
+def window_logits(model: nn.Module, tokens: list[int], first: int, kv_cache_dtype: torch.dtype | None = None) -> torch.Tensor:
     """float32 logits at positions first .. len(tokens) - 1 of one forward over `tokens` from an
-    empty cache, [len(tokens) - first, vocab]."""
-    runner = ModelRunner(model, num_blocks=-(-len(tokens) // BLOCK_SIZE), block_size=BLOCK_SIZE)
+    empty cache (of the model's dtype unless told), [len(tokens) - first, vocab]."""
+    runner = ModelRunner(model, -(-len(tokens) // BLOCK_SIZE), BLOCK_SIZE, kv_cache_dtype)
     table = list(range(runner.num_blocks))
     tables = [table] * len(runner.layout.group_windows)  # the same blocks of each group's own pool
     hidden = runner.forward_hidden([SequenceChunk(tokens, 0, tables)])
@@ -63,16 +64,17 @@ def windows(tokens: list[int], context: int, max_windows: int | None = None, bos
 
 def compare(
     reference: nn.Module, tested: nn.Module, tokens: list[int], context: int, max_windows: int | None = None,
-    bos: int | None = None,
+    bos: int | None = None, kv_cache_dtype: torch.dtype | None = None,
 ) -> Fidelity:
-    """Score `tested` against `reference` on every window's second half (the token after each
-    position); `bos`: the id each window starts with, where the tokenizer adds one."""
+    """Score `tested` (over a KV cache of kv_cache_dtype, if given) against `reference` on every
+    window's second half (the token after each position); `bos`: the id each window starts with,
+    where the tokenizer adds one."""
     kls, agree, reference_nll, nll = [], 0, 0.0, 0.0
     first = context // 2
     for window in windows(tokens, context, max_windows, bos):
         # the last position predicts a token past the window: not scored
         ref = window_logits(reference, window, first)[:-1].log_softmax(-1)
-        out = window_logits(tested, window, first)[:-1].log_softmax(-1)
+        out = window_logits(tested, window, first, kv_cache_dtype)[:-1].log_softmax(-1)
         following = torch.tensor(window[first + 1 :])
         kls += (ref.exp() * (ref - out)).sum(-1).tolist()
         agree += int((ref.argmax(-1) == out.argmax(-1)).sum())

@@ -22,6 +22,7 @@ from torch.nn.attention.flex_attention import BlockMask
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import gathered_decode_attention
 from ember_core.layers.flex_decode import decode_block_mask, flex_decode_attention
+from ember_core.layers.kv_quant import is_quantized, quantize
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM**-0.5
@@ -51,11 +52,16 @@ def make_inputs(batch: int, dtype: torch.dtype, num_layers: int, min_context: in
         block_ids = block_ids[held:]
     block_tables = torch.tensor(tables, dtype=torch.long)
     shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+
+    def cache() -> torch.Tensor:  # an 8-bit dtype: random values quantized (layers/kv_quant.py)
+        values = torch.randn(shape, generator=generator)
+        return quantize(values, dtype) if is_quantized(dtype) else values.to(dtype)
+
     key_mask = torch.arange(max_blocks * BLOCK_SIZE).unsqueeze(0) < context_lens.unsqueeze(1)
     return StepInputs(
-        query=torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=generator).to(dtype),
-        key_caches=[torch.randn(shape, generator=generator).to(dtype) for _ in range(num_layers)],
-        value_caches=[torch.randn(shape, generator=generator).to(dtype) for _ in range(num_layers)],
+        query=torch.randn(batch, NUM_HEADS, HEAD_DIM, generator=generator).to(torch.float32 if is_quantized(dtype) else dtype),
+        key_caches=[cache() for _ in range(num_layers)],
+        value_caches=[cache() for _ in range(num_layers)],
         block_tables=block_tables,
         key_mask=key_mask.view(batch, 1, 1, -1),
         block_tables_int32=block_tables.int(),

@@ -23,6 +23,7 @@ from torch import nn
 
 from ember_bench.kernel_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE, make_inputs
 from ember_core.kernels import cpu_ops
+from ember_core.layers.kv_quant import kv_cache_dtype_name
 from ember_core.layers.linear import GGUFBlockLinear, SmallBatchLinear
 
 HIDDEN, INTERMEDIATE, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
@@ -172,12 +173,23 @@ def _runs_in(module: nn.Module, dtype: torch.dtype) -> bool:
     return isinstance(module, GGUFBlockLinear) or module.weight.dtype == dtype
 
 
+# (query, cache) dtypes of a float32 model and of a bfloat16 one, over their own cache and narrower ones.
+ATTENTION_DTYPES = tuple(
+    (query, cache)
+    for query, caches in (
+        (torch.float32, (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn)),
+        (torch.bfloat16, (torch.bfloat16, torch.int8, torch.float8_e4m3fn)),
+    )
+    for cache in caches
+)
+
+
 def attention_timings(batches: tuple[int, ...], context: int, repeats: int, layers: int = LAYERS) -> Iterator[KernelTiming]:
-    """Paged decode attention of every layer, float32 queries over a float32 and a bfloat16 cache."""
-    for cache_dtype in (torch.float32, torch.bfloat16):
+    """Paged decode attention of every layer, float32 and bfloat16 queries over the caches each may keep."""
+    for query_dtype, cache_dtype in ATTENTION_DTYPES:
         for batch in batches:
             inputs = make_inputs(batch, cache_dtype, layers, context, context)
-            query = inputs.query.float()
+            query = inputs.query.to(query_dtype)
 
             def step() -> None:
                 for layer in range(layers):
@@ -186,9 +198,9 @@ def attention_timings(batches: tuple[int, ...], context: int, repeats: int, laye
 
             positions = batch * context * layers
             flops = 4 * positions * NUM_HEADS * HEAD_DIM  # q.k and p.v, a multiply-add each
-            kv_bytes = 2 * positions * NUM_KV_HEADS * HEAD_DIM * inputs.key_caches[0].element_size()
-            yield KernelTiming(f"paged attention, {_dtype_name(cache_dtype)} K/V, context {context}",
-                               "float32", batch, _time(step, repeats), flops, kv_bytes)
+            kv_bytes = 2 * positions * NUM_KV_HEADS * inputs.key_caches[0].shape[-1] * inputs.key_caches[0].element_size()
+            yield KernelTiming(f"paged attention, {kv_cache_dtype_name(cache_dtype)} K/V, context {context}",
+                               _dtype_name(query_dtype), batch, _time(step, repeats), flops, kv_bytes)
 
 
 def kernel_table(timings: list[KernelTiming], peak: Peak) -> str:

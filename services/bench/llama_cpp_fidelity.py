@@ -53,15 +53,26 @@ def parse_kl_statistics(output: str) -> Fidelity:
 
 
 def llama_cpp_fidelity(
-    bin_dir: Path, model: Path, text: Path, context: int, threads: int, workdir: Path, max_windows: int | None = None
+    bin_dir: Path, model: Path, text: Path, context: int, threads: int, workdir: Path, max_windows: int | None = None,
+    kv_cache_q8_0: bool = False,
 ) -> Fidelity:
-    float32, base = workdir / "float32.gguf", workdir / "base.kld"
-    _run([bin_dir / "llama-quantize", "--allow-requantize", model, float32, "F32"])
+    """llama.cpp's arithmetic on the file against float32 weights; with kv_cache_q8_0, its q8_0 K/V
+    cache against its float16 one on the file's own weights (flash attention on in both: llama.cpp
+    quantizes V only there)."""
+    base = workdir / "base.kld"
     common = ["-c", str(context), "-t", str(threads), "--kl-divergence-base", base]
     if max_windows is not None:
         common += ["--chunks", str(max_windows)]
-    _run([bin_dir / "llama-perplexity", "-m", float32, "-f", text, *common])
-    argv = [bin_dir / "llama-perplexity", "-m", model, *common, "--kl-divergence"]
+    tested = []
+    if kv_cache_q8_0:
+        reference = model
+        common += ["-fa", "on"]
+        tested = ["-ctk", "q8_0", "-ctv", "q8_0"]
+    else:
+        reference = workdir / "float32.gguf"
+        _run([bin_dir / "llama-quantize", "--allow-requantize", model, reference, "F32"])
+    _run([bin_dir / "llama-perplexity", "-m", reference, "-f", text, *common])
+    argv = [bin_dir / "llama-perplexity", "-m", model, *common, *tested, "--kl-divergence"]
     for _ in range(_ATTEMPTS):
         # llama.cpp logs from a background thread and may exit before it wrote the statistics
         # (seen here about one run in three on a small model): run it again then.

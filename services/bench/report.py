@@ -13,7 +13,7 @@ from ember_bench.stats import Distribution, ServeMetrics
 WIDTH = 60
 
 
-def serve_table(model: str, metrics: ServeMetrics, slos: dict[str, float]) -> str:
+def serve_table(model: str, metrics: ServeMetrics, slos: dict[str, float], preemptions: int | None = None) -> str:
     rows = [
         ("Model", model),
         ("Completed requests", metrics.completed),
@@ -25,6 +25,8 @@ def serve_table(model: str, metrics: ServeMetrics, slos: dict[str, float]) -> st
         ("Output token throughput (tok/s)", f"{metrics.output_throughput:.2f}"),
         ("Total token throughput (tok/s)", f"{metrics.total_token_throughput:.2f}"),
     ]
+    if preemptions is not None:
+        rows.append(("Engine preemptions (during the run)", preemptions))
     if metrics.goodput is not None:
         limits = " ".join(f"{name}<={limit:g}ms" for name, limit in slos.items())
         rows.append((f"Goodput (req/s, {limits})", f"{metrics.goodput:.2f}"))

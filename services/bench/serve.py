@@ -1,5 +1,6 @@
 """`ember bench serve`: replay requests against an OpenAI-compatible /v1/completions endpoint at a
-fixed concurrency or a Poisson arrival rate, and summarise what each request saw."""
+fixed concurrency or a Poisson arrival rate, and summarise what each request saw (and, from an
+ember server's /metrics, how many times its engines preempted a sequence meanwhile)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from ember_bench.sse_client import stream_completion
 from ember_bench.stats import RequestResult, ServeMetrics, summarize
@@ -53,6 +55,7 @@ class ServeConfig:
 class ServeRun:
     model: str
     metrics: ServeMetrics
+    preemptions: int | None = None  # by the server's engines during the run; None: not an ember server
 
 
 def arrival_offsets(count: int, request_rate: float | None, seed: int) -> list[float]:
@@ -73,6 +76,7 @@ async def run_serve(config: ServeConfig, requests: list[BenchRequest]) -> ServeR
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         model = config.model or await first_model_id(session, config)
+        preempted_before = await engine_preemptions(session, config)
         limiter = asyncio.Semaphore(config.concurrency) if config.concurrency else contextlib.nullcontext()
         url = f"{config.api_root}/v1/completions"
         loop = asyncio.get_running_loop()
@@ -87,7 +91,23 @@ async def run_serve(config: ServeConfig, requests: list[BenchRequest]) -> ServeR
         offsets = arrival_offsets(len(requests), config.request_rate, config.seed)
         results = await asyncio.gather(*(issue(r, offset) for r, offset in zip(requests, offsets)))
         duration_s = loop.time() - started_at
-    return ServeRun(model, summarize(results, duration_s, config.slos))
+        preempted_after = await engine_preemptions(session, config)
+    preemptions = None if preempted_before is None or preempted_after is None else preempted_after - preempted_before
+    return ServeRun(model, summarize(results, duration_s, config.slos), preemptions)
+
+
+async def engine_preemptions(session: aiohttp.ClientSession, config: ServeConfig) -> int | None:
+    """ember's preemption counter summed over the server's engines; None where GET /metrics has none."""
+    try:
+        async with session.get(f"{config.api_root}/metrics", headers=config.headers) as response:
+            text = await response.text() if response.status == 200 else ""
+    except (aiohttp.ClientError, OSError):
+        return None
+    # An engine whose first stats have not arrived yet has no sample: it has preempted nothing.
+    families = [family for family in text_string_to_metric_families(text) if family.name == "ember_num_preemptions"]
+    if not families:
+        return None
+    return int(sum(sample.value for sample in families[0].samples if sample.name == "ember_num_preemptions_total"))
 
 
 async def first_model_id(session: aiohttp.ClientSession, config: ServeConfig) -> str:

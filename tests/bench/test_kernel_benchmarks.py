@@ -42,7 +42,9 @@ def test_the_kernel_table_reports_every_kernel_against_this_machine_s_peak(tmp_p
     assert {("layer linears BF16", "bfloat16", 1), ("layer linears BF16", "bfloat16", 4)} <= timed
     assert not any(kernel == "layer linears BF16" and dtype == "float32" for kernel, dtype, _ in timed)
     assert {(REFERENCE_KERNEL, "bfloat16", 1), (REFERENCE_KERNEL, "bfloat16", 4)} <= timed  # torch's GEMM, the bar
-    assert ("paged attention, bfloat16 K/V, context 32", "float32", 2) in timed
+    for query, cache in (("float32", "float32"), ("float32", "bfloat16"), ("float32", "int8"), ("float32", "fp8_e4m3"),
+                         ("bfloat16", "bfloat16"), ("bfloat16", "int8"), ("bfloat16", "fp8_e4m3")):
+        assert (f"paged attention, {cache} K/V, context 32", query, 2) in timed
     for dtype in ("float32", "bfloat16"):
         assert ("its linears alone, per layer", dtype, 16) in timed
         assert ("decode layer, fused (SmolLM2 GGUF)", dtype, 16) in timed  # a decode step of the packaged model
