@@ -142,7 +142,10 @@ async def test_health_models_and_metrics_routes(url: str, engine_address: str):
         assert (models["data"][0]["dtype"], models["data"][0]["numerics"]) == ("float32", "exact")
         async with session.get(f"{url}/metrics") as response:
             assert response.status == 200 and "ember_kv_cache_usage_perc" in await response.text()
-        info = f'ember_model_info{{dtype="float32",engine="{engine_address}",model_name="{MODEL}",numerics="exact"}} 1.0'
+        info = (
+            f'ember_model_info{{dtype="float32",engine="{engine_address}",kv_cache_dtype="float32",'
+            f'model_name="{MODEL}",numerics="exact"}} 1.0'
+        )
         for _ in range(100):  # the engine's first stats (a few per second) bring its gauges
             async with session.get(f"{url}/metrics") as response:
                 if info in await response.text():

@@ -304,7 +304,7 @@ async def test_metrics(gateway: Gateway):
         f"ember_kv_cache_usage_perc{{{engine_label}}} ",
         'ember_routing_decisions_total{reason="prefix"} 0.0',
         "ember_request_migrations_total 0.0",
-        f'ember_model_info{{dtype="bfloat16",{engine_label},numerics="fast"}} 1.0',
+        f'ember_model_info{{dtype="bfloat16",engine="{gateway.client.address}",kv_cache_dtype="",{label},numerics="fast"}} 1.0',
     ):
         assert line in text, line
 
