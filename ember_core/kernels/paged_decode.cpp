@@ -23,7 +23,9 @@
 // Vectors are GCC/Clang vector extensions of 8 floats, one AVX2 register (AVX-512 machines run the
 // same code); loops over the kRows rows of a chunk have constant trip counts, so the row
 // accumulators live in registers. A bfloat16 model on a CPU with AVX512-BF16 takes a wider path
-// (attend_span_wide): its scores from vdpbf16ps, its sums of V 16 lanes wide.
+// (attend_span_wide): its scores from vdpbf16ps, its sums of V 16 lanes wide. An 8-bit cache on
+// AVX-512 widens 16 codes at a time for its scores and its sums of V, and an int8 cache's scores
+// are integer dot products with the query as int16 codes (integer_chunk_scores).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -99,16 +101,18 @@ inline float to_float(c10::Float8_e4m3fn x) { return code_value(x); }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
-// Sums of adjacent pairs, a's and b's interleaved per 128-bit half (vhaddps).
-inline vfloat pair_sums(vfloat a, vfloat b) {
+// Sums of adjacent pairs, a's and b's interleaved per 128-bit half (vhaddps), of 8 floats or ints.
+template <typename V>
+inline V pair_sums(V a, V b) {
   return __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
          __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 }
 
 // Lane r of the result is the sum of all lanes of v[r].
-inline vfloat transpose_sum(const vfloat (&v)[kRows]) {
-  const vfloat low = pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));
-  const vfloat high = pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]));
+template <typename V>
+inline V transpose_sum(const V (&v)[kRows]) {
+  const V low = pair_sums(pair_sums(v[0], v[1]), pair_sums(v[2], v[3]));
+  const V high = pair_sums(pair_sums(v[4], v[5]), pair_sums(v[6], v[7]));
   return __builtin_shufflevector(low, high, 0, 1, 2, 3, 8, 9, 10, 11) +
          __builtin_shufflevector(low, high, 4, 5, 6, 7, 12, 13, 14, 15);
 }
@@ -160,6 +164,142 @@ constexpr int64_t kScoredHeadsPerPass = 3;
 constexpr int64_t kScoredHeadsPerPass = 1;
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__)
+// Sixteen codes of an 8-bit cache (int8, or e4m3 as value / 256), the first `count` of them,
+// widened to float32 as they are loaded; the rest read as 0.
+inline __m512 widen_sixteen(__m128i codes, int8_t) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
+
+inline __m512 widen_sixteen(__m128i codes, c10::Float8_e4m3fn) {
+  const __m256i wide = _mm256_cvtepu8_epi16(codes);
+  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x80)), 8),
+                                       _mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x7F)), 7));
+  return _mm512_cvtph_ps(bits);
+}
+
+inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
+template <typename T>
+inline __m512 load_sixteen(const T* p, int64_t count) {
+  return widen_sixteen(_mm_maskz_loadu_epi8(first_lanes(count), p), T{});
+}
+
+// chunk_scores for an 8-bit cache, 16 lanes of head_dim at a time: each widened key vector serves
+// Heads heads (3 heads' 24 accumulators, their queries and the key fill AVX-512's 32 registers),
+// and the lanes are folded to 8 before the rows' sums. Each head's sums run in the same order
+// whatever Heads is.
+template <int64_t Heads, typename T>
+inline void quantized_chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim, float* scores,
+                                   int64_t stride) {
+  __m512 partial[Heads][kRows];
+  set_zero(partial);
+  for (int64_t d = 0; d < head_dim; d += 16) {
+    const int64_t count = std::min<int64_t>(16, head_dim - d);
+    __m512 qv[Heads];
+    for (int64_t h = 0; h < Heads; ++h) qv[h] = _mm512_maskz_loadu_ps(first_lanes(count), q + h * head_dim + d);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 k = load_sixteen(keys[r] + d, count);
+      for (int64_t h = 0; h < Heads; ++h) partial[h][r] = _mm512_fmadd_ps(qv[h], k, partial[h][r]);
+    }
+  }
+  for (int64_t h = 0; h < Heads; ++h) {
+    vfloat folded[kRows];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 x = partial[h][r];
+      folded[r] = reinterpret_cast<vfloat>(_mm256_add_ps(
+          _mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))));
+    }
+    store(scores + h * stride, transpose_sum(folded));
+  }
+}
+#define EMBER_WIDE_CODES 1
+
+#if defined(__AVX512VNNI__)
+// An int8 cache's scores in integers. The query comes as int16 codes with a scale per head (15
+// bits: far finer than a bfloat16 query's own rounding), rows padded with zeros to 32 codes;
+// vpdpwssd sums 32 code products an instruction into int32 lanes (|sum| < 2^31 for head_dim
+// <= 512), so a score is exact whatever the order, and costs a third of widening every key
+// code to float32.
+constexpr int64_t kCodePairs = 32;
+
+inline int64_t padded_codes(int64_t head_dim) { return (head_dim + kCodePairs - 1) / kCodePairs * kCodePairs; }
+
+template <int64_t Heads>
+inline void integer_chunk_scores(const int16_t* q, const float* q_scales, const int8_t* const (&keys)[kRows],
+                                 int64_t head_dim, float* scores, int64_t stride) {
+  const int64_t q_stride = padded_codes(head_dim);
+  __m512i partial[Heads][kRows];
+  for (auto& row : partial)
+    for (auto& lane : row) lane = _mm512_setzero_si512();
+  for (int64_t d = 0; d < head_dim; d += kCodePairs) {
+    const int64_t count = std::min(kCodePairs, head_dim - d);
+    const __mmask32 valid = count == kCodePairs ? ~__mmask32(0) : static_cast<__mmask32>((1u << count) - 1);
+    __m512i qv[Heads];
+    for (int64_t h = 0; h < Heads; ++h) qv[h] = _mm512_loadu_si512(q + h * q_stride + d);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512i k = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(valid, keys[r] + d));
+      for (int64_t h = 0; h < Heads; ++h) partial[h][r] = _mm512_dpwssd_epi32(partial[h][r], qv[h], k);
+    }
+  }
+  for (int64_t h = 0; h < Heads; ++h) {
+    vint folded[kRows];
+    for (int64_t r = 0; r < kRows; ++r)
+      folded[r] = reinterpret_cast<vint>(
+          _mm256_add_epi32(_mm512_castsi512_si256(partial[h][r]), _mm512_extracti64x4_epi64(partial[h][r], 1)));
+    const vfloat sums = __builtin_convertvector(transpose_sum(folded), vfloat);
+    store(scores + h * stride, sums * q_scales[h]);
+  }
+}
+
+// Scores of every query head of kv head kv's group against a chunk of an int8 cache.
+inline void integer_group_chunk_scores(const int16_t* q, const float* q_scales, const int8_t* const (&keys)[kRows],
+                                       const Shapes& s, int64_t kv, float* scores, int64_t stride) {
+  const int64_t q_stride = padded_codes(s.head_dim);
+  for (int64_t h = kv * s.group; h < (kv + 1) * s.group; h += kScoredHeadsPerPass) {
+    const int16_t* head_q = q + h * q_stride;
+    float* head_scores = scores + h * stride;
+    switch (std::min(kScoredHeadsPerPass, (kv + 1) * s.group - h)) {
+      case 1: integer_chunk_scores<1>(head_q, q_scales + h, keys, s.head_dim, head_scores, stride); break;
+      case 2: integer_chunk_scores<2>(head_q, q_scales + h, keys, s.head_dim, head_scores, stride); break;
+      default: integer_chunk_scores<kScoredHeadsPerPass>(head_q, q_scales + h, keys, s.head_dim, head_scores, stride);
+    }
+  }
+}
+
+// The scaled float32 query as int16 codes and a scale per head (absmax / 32767), rows padded with zeros.
+inline void quantize_query(const float* q, const Shapes& s, int16_t* codes, float* scales) {
+  const int64_t q_stride = padded_codes(s.head_dim);
+  for (int64_t h = 0; h < s.num_heads; ++h) {
+    const float* row = q + h * s.head_dim;
+    float absmax = 0.0f;
+    for (int64_t d = 0; d < s.head_dim; ++d) absmax = std::max(absmax, std::fabs(row[d]));
+    scales[h] = absmax / 32767.0f;
+    const float inverse = absmax > 0.0f ? 32767.0f / absmax : 0.0f;
+    int16_t* out = codes + h * q_stride;
+    for (int64_t d = 0; d < s.head_dim; ++d) out[d] = static_cast<int16_t>(std::nearbyint(row[d] * inverse));
+    std::fill(out + s.head_dim, out + q_stride, int16_t{0});
+  }
+}
+#define EMBER_INTEGER_SCORES 1
+#endif
+#endif
+
+// Scores of Heads query heads against a chunk, on the widest path built for the cache's dtype.
+template <int64_t Heads, typename T>
+inline void heads_chunk_scores(const float* q, const T* const (&keys)[kRows], int64_t head_dim, float* scores,
+                               int64_t stride) {
+#if defined(EMBER_WIDE_CODES)
+  if constexpr (kQuantizedCache<T>) {
+    quantized_chunk_scores<Heads>(q, keys, head_dim, scores, stride);
+    return;
+  }
+#endif
+  chunk_scores<Heads>(q, keys, head_dim, scores, stride);
+}
+
 // Scores of every query head of kv head kv's group against a chunk.
 template <typename T>
 inline void group_chunk_scores(const float* q, const T* const (&keys)[kRows], const Shapes& s, int64_t kv,
@@ -168,9 +308,9 @@ inline void group_chunk_scores(const float* q, const T* const (&keys)[kRows], co
     const float* head_q = q + h * s.head_dim;
     float* head_scores = scores + h * stride;
     switch (std::min(kScoredHeadsPerPass, (kv + 1) * s.group - h)) {
-      case 1: chunk_scores<1>(head_q, keys, s.head_dim, head_scores, stride); break;
-      case 2: chunk_scores<2>(head_q, keys, s.head_dim, head_scores, stride); break;
-      default: chunk_scores<kScoredHeadsPerPass>(head_q, keys, s.head_dim, head_scores, stride);
+      case 1: heads_chunk_scores<1>(head_q, keys, s.head_dim, head_scores, stride); break;
+      case 2: heads_chunk_scores<2>(head_q, keys, s.head_dim, head_scores, stride); break;
+      default: heads_chunk_scores<kScoredHeadsPerPass>(head_q, keys, s.head_dim, head_scores, stride);
     }
   }
 }
@@ -304,8 +444,16 @@ constexpr int64_t kScoreSlack = 16;
 struct Scratch {
   int64_t score_stride;
   std::vector<float> query, scores;
+#if defined(EMBER_INTEGER_SCORES)
+  std::vector<int16_t> query_codes;  // for an int8 cache (integer_chunk_scores)
+  std::vector<float> query_scales;
+  Scratch(const Shapes& s, int64_t max_span)
+      : score_stride(max_span + kScoreSlack), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride),
+        query_codes(s.num_heads * padded_codes(s.head_dim)), query_scales(s.num_heads) {}
+#else
   Scratch(const Shapes& s, int64_t max_span)
       : score_stride(max_span + kScoreSlack), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride) {}
+#endif
 };
 
 // The chunk starting at token t: at most kRows rows, never past the span or its block. Offsets
@@ -341,21 +489,6 @@ inline void prefetch_chunk(const T* key_cache, const T* value_cache, const Chunk
 // V summed 16 lanes wide on AVX-512: bfloat16 values, and an 8-bit cache's codes (int8, or e4m3 as
 // value / 256), widened as they are loaded. Each output lane sums its tokens in order.
 inline __m512 load_sixteen(const c10::BFloat16* p, int64_t count) { return load_bf16_sixteen(p, count); }
-
-inline __m512 widen_sixteen(__m128i codes, int8_t) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)); }
-
-inline __m512 widen_sixteen(__m128i codes, c10::Float8_e4m3fn) {
-  const __m256i wide = _mm256_cvtepu8_epi16(codes);
-  const __m256i bits = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x80)), 8),
-                                       _mm256_slli_epi16(_mm256_and_si256(wide, _mm256_set1_epi16(0x7F)), 7));
-  return _mm512_cvtph_ps(bits);
-}
-
-template <typename T>
-inline __m512 load_sixteen(const T* p, int64_t count) {
-  const __mmask16 valid = count >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
-  return widen_sixteen(_mm_maskz_loadu_epi8(valid, p), T{});
-}
 
 // acc[g] = sum over the span's tokens t of weight[g][t] * V[t], for Heads heads, 64 lanes of
 // head_dim at a time (4 registers a head: 3 heads' 12 accumulators, 4 of V and a weight).
@@ -433,6 +566,9 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
   float* q = scratch.query.data();
   float* scores = scratch.scores.data();
   for (int64_t i = 0; i < s.num_heads * head_dim; ++i) q[i] = to_float(query[i]) * scale;
+#if defined(EMBER_INTEGER_SCORES)
+  if constexpr (std::is_same_v<T, int8_t>) quantize_query(q, s, scratch.query_codes.data(), scratch.query_scales.data());
+#endif
 
   for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
     const Chunk chunk = chunk_at(t, span.end, block_table, s);
@@ -442,7 +578,13 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     for (int64_t kv = 0; kv < s.num_kv_heads; ++kv) {
       const T* keys[kRows];
       for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * s.row;
-      group_chunk_scores(q, keys, s, kv, scores + (t - span.begin), stride);
+#if defined(EMBER_INTEGER_SCORES)
+      if constexpr (std::is_same_v<T, int8_t>)
+        integer_group_chunk_scores(scratch.query_codes.data(), scratch.query_scales.data(), keys, s, kv,
+                                   scores + (t - span.begin), stride);
+      else
+#endif
+        group_chunk_scores(q, keys, s, kv, scores + (t - span.begin), stride);
       if constexpr (kQuantizedCache<T>) scale_chunk_scores(keys, s, kv, scores + (t - span.begin), stride);
     }
   }
