@@ -37,9 +37,10 @@ MAX_TOKENS = 8
 ENGINE_FLAGS = ("--num-blocks", "96", "--block-size", "4", "--max-num-seqs", "8", "--served-model-name", "tiny")
 
 
-def start_engine(stack: ExitStack, model_dir: Path, log: Path) -> tuple[str, subprocess.Popen]:
+def start_engine(stack: ExitStack, model_dir: Path, log: Path, *extra: str) -> tuple[str, subprocess.Popen]:
     address = f"tcp://127.0.0.1:{free_port()}"
-    process = stack.enter_context(spawned(engine_argv(model_dir, address, *ENGINE_FLAGS), log, {"OMP_NUM_THREADS": "1"}))
+    argv = engine_argv(model_dir, address, *ENGINE_FLAGS, *extra)
+    process = stack.enter_context(spawned(argv, log, {"OMP_NUM_THREADS": "1"}))
     return address, process
 
 
@@ -142,6 +143,47 @@ async def test_a_conversation_stays_on_the_engine_holding_its_prefix_and_a_late_
             for word in WORDS:  # prompts that share no block: the newcomer takes its share
                 await texts(session, url, "completion", body("completion", f"{word}, and more", False, 1))
             assert await metric_sum(session, [url], "ember_prefix_cache_queries_total", second) > 0
+
+
+async def test_engines_of_two_cache_dtypes_behind_one_gateway_each_keep_their_prefixes(model_dir: Path, tmp_path: Path):
+    """An int8 cache's blocks hash apart from a float32 cache's (the same tokens are other bits):
+    the gateway hashes a prompt per engine's cache dtype, so each conversation's later turns go to
+    the engine holding its earlier ones, whichever cache that engine keeps."""
+    with ExitStack() as stack:
+        engines = [
+            start_engine(stack, model_dir, tmp_path / f"engine_{dtype}.log", "--kv-cache-dtype", dtype)[0]
+            for dtype in ("float32", "int8")
+        ]
+        url = gateway(stack, engines, tmp_path / "gw.log")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            await _wait_for_engines(session, url, 2)
+            # Completions, so no chat template puts a shared first block in front of every prompt.
+            conversations = [f"{word}: tell me what you know about it." for word in WORDS[:4]]
+            for turn in range(3):
+                for i, prompt in enumerate(conversations):
+                    answer = (await texts(session, url, "completion", body("completion", prompt, False, 1)))[0]
+                    conversations[i] = f"{prompt}{answer} And then, turn {turn}?"
+            # Every later turn was routed for its cached prefix: 4 conversations x 2 turns.
+            assert await metric_sum(session, [url], "ember_routing_decisions_total") == 12
+            assert await _routing_decisions(session, url, "prefix") == 8
+            for engine in engines:  # both caches served conversations and found their prefixes
+                await _wait_for_metric(session, url, "ember_prefix_cache_hits_total", engine)
+
+
+async def _routing_decisions(session: aiohttp.ClientSession, url: str, reason: str) -> float:
+    async with session.get(f"{url}/metrics") as response:
+        match = re.search(rf'ember_routing_decisions_total{{reason="{reason}"}} (\S+)', await response.text())
+    assert match, f"no ember_routing_decisions_total for reason {reason}"
+    return float(match[1])
+
+
+async def _wait_for_metric(session: aiohttp.ClientSession, url: str, name: str, engine: str) -> None:
+    """Engines report their counters to the gateway every so often: wait for one to be positive."""
+    for _ in range(100):
+        if await metric_sum(session, [url], name, engine) > 0:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail(f"{name} of {engine} stayed at 0")
 
 
 async def _wait_for_engines(session: aiohttp.ClientSession, url: str, count: int) -> None:
