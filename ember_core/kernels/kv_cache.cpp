@@ -1,7 +1,8 @@
 // A step's new K/V rows into their slots of the paged cache, both caches in one call: a row copy per
 // token. Two index_copy_ calls through the dispatcher cost ~10x more at decode sizes. A float32
 // model may keep a float16 or bfloat16 cache: its rows are then rounded as `.to(cache dtype)` does.
-// An 8-bit cache (int8 or e4m3, kv_quant.h) takes rows of any float dtype, each head quantized.
+// An 8-bit cache (int8 or e4m3, kv_quant.h) takes rows of any float dtype, each head rotated and
+// quantized.
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -53,6 +54,7 @@ void write_quantized(const at::Tensor& key_cache, const at::Tensor& value_cache,
       for (int64_t h = 0; h < kv_heads; ++h) {
         const In* head = in + t * rows->stride(0) + h * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) widened[i] = static_cast<float>(head[i]);
+        rotate_row(widened.data(), head_dim);
         quantize_row(widened.data(), head_dim, out + (slots[t] * kv_heads + h) * row);
       }
   }

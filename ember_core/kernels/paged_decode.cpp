@@ -5,7 +5,8 @@
 // read a float16 or bfloat16 cache (`--kv-cache-dtype`): half the bytes, widened as they are loaded.
 // Any query may read an 8-bit cache (int8 or e4m3 codes with a scale per token and head, kv_quant.h):
 // codes are widened as they are loaded, a key's scale multiplies its score and a value's its weight,
-// so no float copy of the cache is ever made.
+// so no float copy of the cache is ever made. Its heads are stored rotated: the query is rotated
+// before it meets them and each span's sum of values rotated back.
 //
 // Work item = a span of one sequence's tokens, all heads. A sequence is cut into spans by its own
 // length alone (64 tokens each; longer ones past 512 tokens, so there are at most 8), never by the
@@ -566,6 +567,8 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
   float* q = scratch.query.data();
   float* scores = scratch.scores.data();
   for (int64_t i = 0; i < s.num_heads * head_dim; ++i) q[i] = to_float(query[i]) * scale;
+  if constexpr (kQuantizedCache<T>)  // the cache holds rotated heads (kv_quant.h): Hq.Hk = q.k
+    for (int64_t h = 0; h < s.num_heads; ++h) rotate_row(q + h * head_dim, head_dim);
 #if defined(EMBER_INTEGER_SCORES)
   if constexpr (std::is_same_v<T, int8_t>) quantize_query(q, s, scratch.query_codes.data(), scratch.query_scales.data());
 #endif
@@ -606,6 +609,9 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
                       s, kv, stride);
   }
+  // ... and the sum of rotated values, rotated back: H sum(p Hv) = sum(p v).
+  if constexpr (kQuantizedCache<T>)
+    for (int64_t h = 0; h < s.num_heads; ++h) rotate_row(result.acc + h * head_dim, head_dim);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -1,11 +1,14 @@
 """The 8-bit KV cache in torch: what ember's C++ kernels do (ember_core/kernels/kv_quant.h), for the
 paths that run without them (another device, or the ops unbuilt) and as the tests' reference.
 
-A cache row is one token's K (or V) of one KV head: head_dim int8 or e4m3 codes, then the float16
-scale (2 bytes) they are multiplied by, absmax / 127 or absmax / 448, one per token and head.
+A cache row is one token's K (or V) of one KV head, rotated by a normalized Walsh-Hadamard matrix:
+head_dim int8 or e4m3 codes, then the float16 scale (2 bytes) they are multiplied by, absmax / 127 or
+absmax / 448, one per token and head. Dequantizing rotates back (the rotation is its own inverse).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -37,10 +40,26 @@ def cache_row(head_dim: int, cache_dtype: torch.dtype) -> int:
     return head_dim + SCALE_BYTES if is_quantized(cache_dtype) else head_dim
 
 
+def rotate(rows: torch.Tensor) -> torch.Tensor:
+    """float32 [..., head_dim] times the normalized Walsh-Hadamard matrix (block-diagonal, blocks of
+    head_dim's largest power-of-two divisor): kv_quant.h's rotate_row, butterfly for butterfly."""
+    head_dim = rows.shape[-1]
+    block = head_dim & -head_dim
+    if block == 1:
+        return rows
+    half = 1
+    while half < block:
+        pairs = rows.reshape(*rows.shape[:-1], head_dim // (2 * half), 2, half)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        rows = torch.stack((a + b, a - b), dim=-2).reshape(*rows.shape)
+        half *= 2
+    return rows * (1.0 / math.sqrt(block))
+
+
 def quantize(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
-    """[..., head_dim] floats as [..., head_dim + 2] rows of codes and their scale."""
+    """[..., head_dim] floats as [..., head_dim + 2] rows of their rotation's codes and its scale."""
     code_max = _CODE_MAX[cache_dtype]
-    widened = rows.float()
+    widened = rotate(rows.float())
     scale = (widened.abs().amax(dim=-1, keepdim=True) / code_max).half()
     step = scale.float()
     # The float16 scale may round down: clamp the few codes that would pass the top.
@@ -50,10 +69,10 @@ def quantize(rows: torch.Tensor, cache_dtype: torch.dtype) -> torch.Tensor:
 
 
 def dequantize(cache_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[..., head_dim + 2] rows back as [..., head_dim] values of `dtype`."""
+    """[..., head_dim + 2] rows back as [..., head_dim] values of `dtype`, rotated back."""
     head_dim = cache_rows.shape[-1] - SCALE_BYTES
     scale = cache_rows[..., head_dim:].view(torch.int8).contiguous().view(torch.float16).float()
-    return (cache_rows[..., :head_dim].float() * scale).to(dtype)
+    return rotate(cache_rows[..., :head_dim].float() * scale).to(dtype)
 
 
 def widen(cache_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

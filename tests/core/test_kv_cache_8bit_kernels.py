@@ -1,5 +1,5 @@
-"""The 8-bit KV cache in ember's C++ ops (int8 and e4m3 codes with a float16 scale per token and KV
-head): the write quantizes as layers/kv_quant.py does, bit for bit, and decode attention over the
+"""The 8-bit KV cache in ember's C++ ops (int8 and e4m3 codes of rotated heads with a float16 scale per
+token and KV head): the write quantizes as layers/kv_quant.py does, bit for bit, and decode attention over the
 codes equals attention over their dequantized values, on every instruction set's build."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ember_core.kernels import cpu_ops
-from ember_core.layers.kv_quant import dequantize, quantize
+from ember_core.layers.kv_quant import dequantize, quantize, rotate
 from tests.core.test_kernels import Case, make_case, reference, run_kernel, windowed_reference, with_changes
 from tests.core.test_kernels import kernel  # noqa: F401 - the fixture: each test runs on every build
 
@@ -108,12 +108,25 @@ def test_write_quantizes_each_token_and_head_as_torch_does(kernel: None, cache_d
     for cache, rows in ((key_cache, key), (value_cache, value)):
         written = cache.view(-1, 3, head_dim + 2)[slots]
         assert torch.equal(written.view(torch.int8), quantize(rows, cache_dtype).view(torch.int8))
-        error = (dequantize(written, torch.float32) - rows.float()).abs()
-        absmax = rows.float().abs().amax(dim=-1, keepdim=True)
-        # int8: half a step of absmax / 127; e4m3: 2^-4 of a value, or half its smallest step
-        bound = absmax / 254 if cache_dtype == torch.int8 else torch.maximum(rows.float().abs() / 16, absmax / 448 * 2**-10)
-        assert bool((error <= bound * 1.01 + 1e-6).all())
+        # Each rotated value is off by at most: int8, half a step of absmax / 127; e4m3, 2^-4 of the
+        # value or half its smallest step. Rotating back keeps the error's length.
+        rotated = rotate(rows.float())
+        absmax = rotated.abs().amax(dim=-1, keepdim=True)
+        bound = absmax / 254 if cache_dtype == torch.int8 else torch.maximum(rotated.abs() / 16, absmax / 448 * 2**-10)
+        error = (dequantize(written, torch.float32) - rows.float()).norm(dim=-1)
+        assert bool((error <= bound.expand_as(rotated).norm(dim=-1) * 1.01 + 1e-5).all())
     assert int((key_cache.view(torch.int8) != 0).sum()) <= key.numel() + 2 * 5 * 3  # nothing but those slots
+
+
+@pytest.mark.parametrize("head_dim,block", [(64, 64), (40, 8), (36, 4), (7, 1)])
+def test_heads_are_rotated_by_an_orthonormal_hadamard_matrix_its_own_inverse(head_dim: int, block: int) -> None:
+    matrix = rotate(torch.eye(head_dim))
+    sylvester = torch.ones(1, 1)
+    while sylvester.shape[0] < block:
+        sylvester = torch.cat([torch.cat([sylvester, sylvester], 1), torch.cat([sylvester, -sylvester], 1)])
+    assert torch.equal(matrix, torch.block_diag(*[sylvester / block**0.5] * (head_dim // block)))
+    rows = torch.randn(5, head_dim)
+    torch.testing.assert_close(rotate(rotate(rows)), rows)
 
 
 def test_write_rejects_rows_of_the_wrong_width(kernel: None) -> None:
