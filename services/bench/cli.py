@@ -212,9 +212,10 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     fidelity.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
     fidelity.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="the arithmetic measured")
     fidelity.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="its activations' dtype")
-    fidelity.add_argument("--kv-cache-dtype", choices=["int8", "fp8_e4m3"],
+    fidelity.add_argument("--kv-cache-dtype", choices=[name for name in KV_CACHE_DTYPES if name != "auto"],
                           help="measure this KV cache against one in the model's dtype, the computation otherwise the same "
-                               "(with --llama-cpp-dir: llama.cpp's q8_0 K/V against its float16 cache)")
+                               "(a float16 or bfloat16 one gives the 8-bit ones' scale; with --llama-cpp-dir: "
+                               "llama.cpp's q8_0 K/V against its float16 cache)")
     fidelity.add_argument("--text", metavar="PATH", help="the text scored (default: the shipped workloads/fidelity.txt)")
     fidelity.add_argument("--context", type=int, default=1024, metavar="N",
                           help="tokens per window; each window's second half is scored (llama-perplexity's -c)")
@@ -486,17 +487,19 @@ def _fidelity(args: argparse.Namespace) -> int:
     from ember_bench.llama_cpp_fidelity import llama_cpp_fidelity
     from ember_bench.offline import environment
     from ember_bench.report import write_json
-    from ember_core.layers.kv_quant import QUANTIZED_KV_DTYPES
+    from ember_core.layers.kv_quant import QUANTIZED_KV_DTYPES, kv_cache_dtype
     from ember_core.loaders.load import load_model
     from ember_core.loaders.resolve import resolve_model
 
     if args.context < 4:
         raise ValueError(f"--context must be at least 4 tokens, got {args.context}")
+    if args.llama_cpp_dir and args.kv_cache_dtype and args.kv_cache_dtype not in QUANTIZED_KV_DTYPES:
+        raise ValueError("--llama-cpp-dir measures llama.cpp's q8_0 K/V: give --kv-cache-dtype int8 or fp8_e4m3")
     text = Path(args.text) if args.text else TEXT
     content = text.read_text()
     device = torch.device("cpu")
     tested = load_model(args.model, device, getattr(torch, args.dtype), numerics=args.numerics)
-    kv_dtype = QUANTIZED_KV_DTYPES.get(args.kv_cache_dtype)
+    kv_dtype = kv_cache_dtype(args.kv_cache_dtype, getattr(torch, args.dtype), device) if args.kv_cache_dtype else None
     reference = tested if kv_dtype else load_model(args.model, device, torch.float32, numerics="exact")
     if reference.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer to cut the text into tokens")

@@ -65,7 +65,8 @@ def test_the_command_writes_its_figures(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--context", "2"], ["--text", str(tmp_path / "missing.txt")]):
+    for argv in (["--context", "2"], ["--text", str(tmp_path / "missing.txt")],
+                 ["--kv-cache-dtype", "bfloat16", "--llama-cpp-dir", str(tmp_path)]):
         with pytest.raises(SystemExit) as exit_info:
             bench_main(["fidelity", *argv])
         assert exit_info.value.code == 2 and "ember bench: error:" in capsys.readouterr().err
