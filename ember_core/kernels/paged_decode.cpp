@@ -6,7 +6,7 @@
 // Any query may read an 8-bit cache (int8 or e4m3 codes with a scale per token and head, kv_quant.h):
 // codes are widened as they are loaded, a key's scale multiplies its score and a value's its weight,
 // so no float copy of the cache is ever made. Its heads are stored rotated: the query is rotated
-// before it meets them and each span's sum of values rotated back.
+// before it meets them and the output rotated back.
 //
 // Work item = a span of one sequence's tokens, all heads. A sequence is cut into spans by its own
 // length alone (64 tokens each; longer ones past 512 tokens, so there are at most 8), never by the
@@ -438,24 +438,52 @@ struct Partial {
   float* acc;  // [num_heads, head_dim]
 };
 
-// Per-thread float32 buffers: the scaled query, and the scores (then weights) of every head over a
-// span with a chunk of slack (a chunk's scores are stored whole, 16 on the bfloat16 path).
+// Per-thread float32 buffer: the scores (then weights) of every head over a span with a chunk of
+// slack (a chunk's scores are stored whole, 16 on the bfloat16 path).
 constexpr int64_t kScoreSlack = 16;
 
 struct Scratch {
   int64_t score_stride;
-  std::vector<float> query, scores;
-#if defined(EMBER_INTEGER_SCORES)
-  std::vector<int16_t> query_codes;  // for an int8 cache (integer_chunk_scores)
-  std::vector<float> query_scales;
-  Scratch(const Shapes& s, int64_t max_span)
-      : score_stride(max_span + kScoreSlack), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride),
-        query_codes(s.num_heads * padded_codes(s.head_dim)), query_scales(s.num_heads) {}
-#else
-  Scratch(const Shapes& s, int64_t max_span)
-      : score_stride(max_span + kScoreSlack), query(s.num_heads * s.head_dim), scores(s.num_heads * score_stride) {}
-#endif
+  std::vector<float> scores;
+  Scratch(const Shapes& s, int64_t max_span) : score_stride(max_span + kScoreSlack), scores(s.num_heads * score_stride) {}
 };
+
+// Every sequence's query as attend_span reads it, made once before the spans are shared out (a
+// prompt chunk's tokens are sequences of up to 8 spans each, and each span would redo it): float32
+// times the scale, rotated for an 8-bit cache (kv_quant.h: Hq.Hk = q.k), and for an int8 cache its
+// int16 codes too (integer_chunk_scores).
+struct Queries {
+  std::vector<float> values;  // [batch, num_heads, head_dim]
+  std::vector<int16_t> codes;  // [batch, num_heads, padded_codes(head_dim)]
+  std::vector<float> code_scales;  // [batch, num_heads]
+};
+
+template <typename Q, typename T>
+Queries prepare_queries(const Q* query, int64_t batch, int64_t batch_stride, const Shapes& s, float scale) {
+  const int64_t width = s.num_heads * s.head_dim;
+  Queries queries;
+  queries.values.resize(batch * width);
+#if defined(EMBER_INTEGER_SCORES)
+  constexpr bool kCoded = std::is_same_v<T, int8_t>;
+  const int64_t coded_width = s.num_heads * padded_codes(s.head_dim);
+  if constexpr (kCoded) {
+    queries.codes.resize(batch * coded_width);
+    queries.code_scales.resize(batch * s.num_heads);
+  }
+#endif
+  at::parallel_for(0, batch, 16, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      float* q = &queries.values[b * width];
+      for (int64_t i = 0; i < width; ++i) q[i] = to_float(query[b * batch_stride + i]) * scale;
+      if constexpr (kQuantizedCache<T>)
+        for (int64_t h = 0; h < s.num_heads; ++h) rotate_row(q + h * s.head_dim, s.head_dim);
+#if defined(EMBER_INTEGER_SCORES)
+      if constexpr (kCoded) quantize_query(q, s, &queries.codes[b * coded_width], &queries.code_scales[b * s.num_heads]);
+#endif
+    }
+  });
+  return queries;
+}
 
 // The chunk starting at token t: at most kRows rows, never past the span or its block. Offsets
 // of rows past the chunk's end repeat its first row, so every load stays inside the cache.
@@ -559,19 +587,13 @@ inline void scale_weights(const T* value_cache, const int32_t* block_table, cons
     });
 }
 
-template <typename Q, typename T>
-void attend_span(const Q* query, const T* key_cache, const T* value_cache, const int32_t* block_table,
-                 const Span& span, const Shapes& s, float scale, float softcap, Scratch& scratch,
-                 const Partial& result) {
+template <typename T>
+void attend_span(const Queries& queries, const T* key_cache, const T* value_cache, const int32_t* block_table,
+                 const Span& span, const Shapes& s, float softcap, Scratch& scratch, const Partial& result) {
   const int64_t group = s.group, head_dim = s.head_dim, stride = scratch.score_stride;
-  float* q = scratch.query.data();
+  const int64_t b = span.sequence;
+  const float* q = &queries.values[b * s.num_heads * head_dim];
   float* scores = scratch.scores.data();
-  for (int64_t i = 0; i < s.num_heads * head_dim; ++i) q[i] = to_float(query[i]) * scale;
-  if constexpr (kQuantizedCache<T>)  // the cache holds rotated heads (kv_quant.h): Hq.Hk = q.k
-    for (int64_t h = 0; h < s.num_heads; ++h) rotate_row(q + h * head_dim, head_dim);
-#if defined(EMBER_INTEGER_SCORES)
-  if constexpr (std::is_same_v<T, int8_t>) quantize_query(q, s, scratch.query_codes.data(), scratch.query_scales.data());
-#endif
 
   for (int64_t t = span.begin, rows = 0; t < span.end; t += rows) {
     const Chunk chunk = chunk_at(t, span.end, block_table, s);
@@ -583,8 +605,8 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
       for (int64_t r = 0; r < kRows; ++r) keys[r] = key_cache + chunk.offsets[r] + kv * s.row;
 #if defined(EMBER_INTEGER_SCORES)
       if constexpr (std::is_same_v<T, int8_t>)
-        integer_group_chunk_scores(scratch.query_codes.data(), scratch.query_scales.data(), keys, s, kv,
-                                   scores + (t - span.begin), stride);
+        integer_group_chunk_scores(&queries.codes[b * s.num_heads * padded_codes(head_dim)],
+                                   &queries.code_scales[b * s.num_heads], keys, s, kv, scores + (t - span.begin), stride);
       else
 #endif
         group_chunk_scores(q, keys, s, kv, scores + (t - span.begin), stride);
@@ -609,9 +631,6 @@ void attend_span(const Q* query, const T* key_cache, const T* value_cache, const
     accumulate_values(result.acc + kv * group * head_dim, scores + kv * group * stride, value_cache, block_table, span,
                       s, kv, stride);
   }
-  // ... and the sum of rotated values, rotated back: H sum(p Hv) = sum(p v).
-  if constexpr (kQuantizedCache<T>)
-    for (int64_t h = 0; h < s.num_heads; ++h) rotate_row(result.acc + h * head_dim, head_dim);
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -677,11 +696,13 @@ void attend_span_wide(const c10::BFloat16* query, const c10::BFloat16* key_cache
 #define EMBER_WIDE_BF16_ATTENTION 1
 #endif
 
-// Output of one sequence from its spans' partials, rescaled to a common max. `factors` is
-// scratch with room for one float per span.
+// Output of one sequence from its spans' partials, rescaled to a common max; over an 8-bit cache,
+// whose values are rotated (kv_quant.h), rotated back: H sum(p Hv) = sum(p v). `factors` is
+// scratch with room for one float per span, `head` for one head's output.
 template <typename T>
 void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums, const std::vector<float>& accs,
-                 int64_t first_span, int64_t num_spans, const Shapes& s, float* factors, T* out) {
+                 int64_t first_span, int64_t num_spans, const Shapes& s, bool rotated, float* factors, float* head,
+                 T* out) {
   const int64_t num_heads = s.num_heads, head_dim = s.head_dim;
   for (int64_t h = 0; h < num_heads; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
@@ -700,13 +721,15 @@ void merge_spans(const std::vector<float>& maxes, const std::vector<float>& sums
       vfloat value{};
       for (int64_t i = 0; i < num_spans; ++i)
         value = multiply_add(load(head_accs + i * span_stride + d), broadcast(factors[i]), value);
-      for (int64_t j = 0; j < kLanes; ++j) out[h * head_dim + d + j] = static_cast<T>(value[j]);
+      store(head + d, value);
     }
     for (; d < head_dim; ++d) {
       float value = 0.0f;
       for (int64_t i = 0; i < num_spans; ++i) value = std::fma(head_accs[i * span_stride + d], factors[i], value);
-      out[h * head_dim + d] = static_cast<T>(value);
+      head[d] = value;
     }
+    if (rotated) rotate_row(head, head_dim);
+    for (d = 0; d < head_dim; ++d) out[h * head_dim + d] = static_cast<T>(head[d]);
   }
 }
 
@@ -753,24 +776,29 @@ void run(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor&
     if (count == 0) std::fill(o + b * num_heads * head_dim, o + (b + 1) * num_heads * head_dim, static_cast<Q>(0.0f));
   }
 
+#if defined(EMBER_WIDE_BF16_ATTENTION)
+  constexpr bool kWide = std::is_same_v<Q, c10::BFloat16> && std::is_same_v<T, c10::BFloat16>;
+#else
+  constexpr bool kWide = false;
+#endif
+  const Queries queries = kWide ? Queries{} : prepare_queries<Q, T>(q, batch, query.stride(0), s, scale);
   std::atomic<int64_t> next_span{0};
   at::parallel_for(0, std::min(num_threads, num_spans), 1, [&](int64_t, int64_t) {
     Scratch scratch(s, longest_span);
-    std::vector<float> factors(max_spans_per_sequence);
+    std::vector<float> factors(max_spans_per_sequence), head(head_dim);
     for (int64_t i = next_span++; i < num_spans; i = next_span++) {
       const int64_t b = spans[i].sequence;
       const Partial result{&maxes[i * num_heads], &sums[i * num_heads], &accs[i * num_heads * head_dim]};
 #if defined(EMBER_WIDE_BF16_ATTENTION)
-      if constexpr (std::is_same_v<Q, c10::BFloat16> && std::is_same_v<T, c10::BFloat16>)
+      if constexpr (kWide)
         attend_span_wide(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, softcap,
                          scratch, result);
       else
 #endif
-        attend_span(q + b * query.stride(0), k, v, tables + b * s.max_blocks, spans[i], s, scale, softcap, scratch,
-                    result);
+        attend_span(queries, k, v, tables + b * s.max_blocks, spans[i], s, softcap, scratch, result);
       if (spans_left[b].fetch_sub(1, std::memory_order_acq_rel) == 1)
-        merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, factors.data(),
-                    o + b * num_heads * head_dim);
+        merge_spans(maxes, sums, accs, first_span[b], first_span[b + 1] - first_span[b], s, kQuantizedCache<T>,
+                    factors.data(), head.data(), o + b * num_heads * head_dim);
     }
   });
 }
