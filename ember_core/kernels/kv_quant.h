@@ -36,6 +36,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vec8.h"
+
 namespace {
 
 constexpr int64_t kScaleBytes = 2;  // the float16 after a row's values
@@ -79,39 +81,98 @@ inline float row_scale(const T* row, int64_t head_dim) {
 #endif
 }
 
-// x <- H x, in place: the fast Walsh-Hadamard transform's butterflies (a + b, a - b) over each
-// block, then 1/sqrt(block). layers/kv_quant.py's rotate adds in this very order: equal bits.
+// One stage of butterflies within each 8-lane vector, pairs `Half` lanes apart (1, 2 or 4):
+// a + b * (+-1), which is a + b or exactly a - b.
+template <int Half>
+inline vfloat lane_butterflies(vfloat v) {
+  static_assert(Half == 1 || Half == 2 || Half == 4);
+  if constexpr (Half == 1)
+    return __builtin_shufflevector(v, v, 0, 0, 2, 2, 4, 4, 6, 6) +
+           __builtin_shufflevector(v, v, 1, 1, 3, 3, 5, 5, 7, 7) * vfloat{1, -1, 1, -1, 1, -1, 1, -1};
+  else if constexpr (Half == 2)
+    return __builtin_shufflevector(v, v, 0, 1, 0, 1, 4, 5, 4, 5) +
+           __builtin_shufflevector(v, v, 2, 3, 2, 3, 6, 7, 6, 7) * vfloat{1, 1, -1, -1, 1, 1, -1, -1};
+  else
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3, 0, 1, 2, 3) +
+           __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7) * vfloat{1, 1, 1, 1, -1, -1, -1, -1};
+}
+
+// x <- H x, in place: the fast Walsh-Hadamard transform's butterflies (a + b, a - b), stage by
+// stage (pairs 1, 2, 4, ... apart) over each block, then 1/sqrt(block). Every value goes through
+// the same additions in the same order on either path, and as layers/kv_quant.py's rotate: equal
+// bits. A cache write rotates two rows per token and head, attention a query and an output.
 inline void rotate_row(float* x, int64_t head_dim) {
   const int64_t block = head_dim & -head_dim;
   if (block == 1) return;
-  for (int64_t start = 0; start < head_dim; start += block)
-    for (int64_t half = 1; half < block; half *= 2)
-      for (int64_t pair = start; pair < start + block; pair += 2 * half)
-        for (int64_t i = pair; i < pair + half; ++i) {
-          const float a = x[i], b = x[i + half];
-          x[i] = a + b;
-          x[i + half] = a - b;
-        }
   const float norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
+  if (block >= kLanes) {  // the first three stages within vectors, the others between them
+    for (int64_t i = 0; i < head_dim; i += kLanes)
+      store(x + i, lane_butterflies<4>(lane_butterflies<2>(lane_butterflies<1>(load(x + i)))));
+    for (int64_t half = kLanes; half < block; half *= 2)
+      for (int64_t pair = 0; pair < head_dim; pair += 2 * half)
+        for (int64_t i = pair; i < pair + half; i += kLanes) {
+          const vfloat a = load(x + i), b = load(x + i + half);
+          store(x + i, a + b);
+          store(x + i + half, a - b);
+        }
+    for (int64_t i = 0; i < head_dim; i += kLanes) store(x + i, load(x + i) * norm);
+    return;
+  }
+  for (int64_t half = 1; half < block; half *= 2)
+    for (int64_t pair = 0; pair < head_dim; pair += 2 * half)
+      for (int64_t i = pair; i < pair + half; ++i) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a + b;
+        x[i + half] = a - b;
+      }
   for (int64_t i = 0; i < head_dim; ++i) x[i] *= norm;
 }
 
-// Quantizes head_dim floats into a row (codes, then the float16 scale).
+// Rounds to the nearest integer, ties to even (std::nearbyint's default), for |x| <= 2^22: adding
+// 1.5 * 2^23 leaves no bits below the units. Built without -ffast-math, nothing folds it away.
+inline vfloat round_to_integer(vfloat x) {
+  constexpr float kShift = 12582912.0f;
+  return (x + kShift) - kShift;
+}
+
+// Quantizes head_dim floats into a row (codes, then the float16 scale); 8 at a time where head_dim
+// allows, the same arithmetic as the scalar tail.
 template <typename T>
 inline void quantize_row(const float* in, int64_t head_dim, T* row) {
+  const int64_t vectors_end = head_dim / kLanes * kLanes;
+  vfloat absmaxes{};
+  for (int64_t i = 0; i < vectors_end; i += kLanes) {
+    const vfloat magnitude = reinterpret_cast<vfloat>(reinterpret_cast<vint>(load(in + i)) & 0x7fffffff);
+    absmaxes = magnitude > absmaxes ? magnitude : absmaxes;
+  }
   float absmax = 0.0f;
-  for (int64_t i = 0; i < head_dim; ++i) absmax = std::max(absmax, std::abs(in[i]));
+  for (int64_t j = 0; j < kLanes; ++j) absmax = std::max(absmax, absmaxes[j]);
+  for (int64_t i = vectors_end; i < head_dim; ++i) absmax = std::max(absmax, std::abs(in[i]));
   const c10::Half scale(absmax / kCodeMax<T>);
   const float step = static_cast<float>(scale);
-  for (int64_t i = 0; i < head_dim; ++i) {
-    // The float16 scale may round down: clamp the few codes that would pass the top.
-    const float x = step > 0.0f ? std::clamp(in[i] / step, -kCodeMax<T>, kCodeMax<T>) : 0.0f;
+  std::memcpy(row + head_dim, &scale.x, sizeof(scale.x));
+  if (step == 0.0f) {
+    std::memset(static_cast<void*>(row), 0, head_dim * sizeof(T));
+    return;
+  }
+  // The float16 scale may round down: clamp the few codes that would pass the top.
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, int8_t>)
+    for (; i < vectors_end; i += kLanes) {
+      vfloat x = load(in + i) / step;
+      x = x > kCodeMax<T> ? broadcast(kCodeMax<T>) : x;
+      x = x < -kCodeMax<T> ? broadcast(-kCodeMax<T>) : x;
+      using vcodes = int8_t __attribute__((vector_size(kLanes)));
+      const vcodes codes = __builtin_convertvector(__builtin_convertvector(round_to_integer(x), vint), vcodes);
+      std::memcpy(row + i, &codes, sizeof(codes));
+    }
+  for (; i < head_dim; ++i) {
+    const float x = std::clamp(in[i] / step, -kCodeMax<T>, kCodeMax<T>);
     if constexpr (std::is_same_v<T, int8_t>)
       row[i] = static_cast<int8_t>(std::nearbyint(x));
     else
       row[i] = c10::Float8_e4m3fn(x);
   }
-  std::memcpy(row + head_dim, &scale.x, sizeof(scale.x));
 }
 
 }  // namespace
