@@ -1,11 +1,17 @@
-"""Shared fixtures: small random-weight checkpoints written in the Hugging Face layout."""
+"""Shared fixtures: small random-weight checkpoints written in the Hugging Face layout, the default
+model's GGUF, and `kernel`, which runs a module's tests on every instruction set's build."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+from ember_core.kernels import cpu_ops
 
 
 def write_gpt2_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
@@ -61,3 +67,23 @@ def assert_pool_free(llm) -> None:
     stats = llm.stats()
     assert stats.num_kv_blocks_used == 0
     assert stats.num_running == stats.num_waiting == 0
+
+
+@pytest.fixture(scope="module", params=cpu_ops.INSTRUCTION_SETS, ids=lambda isa: isa.name)
+def kernel(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Runs a module's tests on each instruction set's build this CPU can execute (JIT, cached on
+    disk), the ops and the layers calling them alike. Without a toolchain the tests skip (callers
+    fall back to SDPA); with one, a failed build is a failure."""
+    isa: cpu_ops.InstructionSet = request.param
+    missing = isa.missing_cpu_flags()
+    if missing:
+        pytest.skip(f"the {isa.name} kernels need CPU flags this CPU lacks: {', '.join(missing)}")
+    cpu_ops.use_instruction_set(isa)
+    try:
+        if not cpu_ops.is_available():
+            if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
+                pytest.skip(f"no C++ compiler or ninja: {cpu_ops.unavailable_reason()}")
+            pytest.fail(f"the extension did not build: {cpu_ops.unavailable_reason()}")
+        yield
+    finally:
+        cpu_ops.use_instruction_set(None)

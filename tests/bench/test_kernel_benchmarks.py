@@ -11,7 +11,6 @@ from ember_bench import kernel_linear
 from ember_bench.cli import main as bench_main
 from ember_bench.kernels import REFERENCE_KERNEL
 from ember_core.kernels import cpu_ops
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 
 @pytest.mark.usefixtures("kernel")

@@ -19,7 +19,6 @@ from ember_core.loaders import load_model
 from ember_core.models.decoder import Decoder
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.families import FAMILIES, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("kernel")
@@ -151,11 +150,12 @@ def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> N
     key_cache = attention.attn.key_cache
     before = key_cache.clone()
 
-    def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: list = list(norms),
+    def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: tuple = tuple(norms),
              parts: list[int] | None = None) -> None:
         parts = [1] * len(weights) if parts is None else parts
         cpu_ops.ops().decoder_layer_(
-            hidden.clone(), norms, 1e-5, weights, [None] * len(parts), [-1] * len(weights), parts, False, cos, sin,
+            hidden.clone(), list(norms), 1e-5, weights, [None] * len(parts), [-1] * len(weights), parts, False, cos,
+            sin,
             key_cache, attention.attn.value_cache, group.slot_mapping, group.decode_block_tables,
             group.decode_context_lens, num_heads, 0.25, 0.0, 0,
         )

@@ -10,7 +10,6 @@ from ember_core.kernels import cpu_ops
 from ember_core.layers.activation import silu_and_mul
 from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import apply_rope, apply_rope_
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 pytestmark = pytest.mark.usefixtures("kernel")
 

@@ -13,8 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.kernels import cpu_ops
-from ember_core.layers.linear import GGUF_BLOCK_FORMATS, INT8_ARITHMETIC, GGUFBlockLinear, StackedBlockLinear, kernel_operands
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
+from ember_core.layers.linear import (
+    GGUF_BLOCK_FORMATS,
+    INT8_ARITHMETIC,
+    GGUFBlockLinear,
+    StackedBlockLinear,
+    kernel_operands,
+)
 from tests.core.test_linear import Q, _blocks
 
 QUANTIZED_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]

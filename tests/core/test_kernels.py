@@ -5,36 +5,14 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from ember_core.kernels import cpu_ops
-
-
-@pytest.fixture(scope="module", params=cpu_ops.INSTRUCTION_SETS, ids=lambda isa: isa.name)
-def kernel(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Runs a module's tests on each instruction set's build this CPU can execute (JIT, cached on
-    disk), the ops and the layers calling them alike. Without a toolchain the tests skip (callers
-    fall back to SDPA); with one, a failed build is a failure."""
-    isa: cpu_ops.InstructionSet = request.param
-    missing = isa.missing_cpu_flags()
-    if missing:
-        pytest.skip(f"the {isa.name} kernels need CPU flags this CPU lacks: {', '.join(missing)}")
-    cpu_ops.use_instruction_set(isa)
-    try:
-        if not cpu_ops.is_available():
-            if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
-                pytest.skip(f"no C++ compiler or ninja: {cpu_ops.unavailable_reason()}")
-            pytest.fail(f"the extension did not build: {cpu_ops.unavailable_reason()}")
-        yield
-    finally:
-        cpu_ops.use_instruction_set(None)
 
 
 @dataclass

@@ -23,7 +23,6 @@ from ember_core.layers.linear import (
     use_small_batch_linears,
 )
 from ember_core.layers.sixteen_bit_weights import keep_16_bit_weights
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 
 @pytest.mark.usefixtures("kernel")

@@ -15,7 +15,6 @@ import torch
 from ember_core import LLM, SamplingParams
 from ember_core.speculative_config import SpeculativeConfig
 from tests.conftest import assert_pool_free, write_gpt2_checkpoint
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.families import VOCAB, write_checkpoint
 
 KQUANTS = Path(__file__).parent / "data" / "kquants"

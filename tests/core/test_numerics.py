@@ -16,7 +16,6 @@ from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.layers.moe import Experts, SparseMoE
 from ember_core.loaders.load import load_model
 from ember_core.numerics import resolve_numerics
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 from tests.families import token_prompts, write_checkpoint
 
 KQUANTS = Path(__file__).parent / "data" / "kquants"

@@ -12,7 +12,6 @@ from ember_core.kernels import cpu_ops
 from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.sampler import _draw_with_torch, sample
 from tests.conftest import assert_pool_free, token_prompts
-from tests.core.test_kernels import kernel  # noqa: F401 - the fixture that builds the extension or skips
 
 PROMPTS = token_prompts(5, seed=31)
 
