@@ -88,7 +88,8 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
+            raise ValueError(  # noqa: TRY004 - every config error is a ValueError: bad input, one line
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if not self.priority_aging_s > 0:

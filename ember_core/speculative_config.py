@@ -45,7 +45,7 @@ def speculative_config(value: SpeculativeConfig | dict[str, Any] | str | None) -
         except json.JSONDecodeError as exc:
             raise ValueError(f"speculative_config is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        raise ValueError(f"speculative_config must be a JSON object, got {value!r}")  # noqa: TRY004
     known = {spec.name for spec in fields(SpeculativeConfig)}
     if unknown := sorted(set(value) - known):
         raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")

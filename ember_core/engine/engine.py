@@ -16,11 +16,11 @@ import torch
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
+from ember_core.device import available_memory, resolve_device
 from ember_core.engine.embedding import add_pooled, embedding_bytes, pooled_rows
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.engine.speculator import Speculator
-from ember_core.device import available_memory, resolve_device
 from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
@@ -390,9 +390,9 @@ class Engine:
         params = seq.params
         if seq.matcher is not None and seq.matcher.is_stopped():  # the constraint is complete
             return FinishReason.STOP
-        if seq.num_output_tokens >= params.min_tokens:
-            if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.stop_token_ids):
-                return FinishReason.STOP
+        stop_token = token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.stop_token_ids)
+        if stop_token and seq.num_output_tokens >= params.min_tokens:
+            return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from ember_core.kernels import cpu_ops
 
+
 def _on_kernel(gate_up: torch.Tensor) -> bool:
     return gate_up.dtype in (torch.float32, torch.bfloat16) and gate_up.is_cpu and gate_up.dim() == 2 and cpu_ops.is_available()
 

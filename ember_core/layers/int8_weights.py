@@ -12,7 +12,13 @@ import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
-from ember_core.layers.linear import GGUF_BLOCK_FORMATS, PLAIN_WEIGHT_FORMAT, SIXTEEN_BIT_KINDS, GGUFBlockLinear, SmallBatchLinear
+from ember_core.layers.linear import (
+    GGUF_BLOCK_FORMATS,
+    PLAIN_WEIGHT_FORMAT,
+    SIXTEEN_BIT_KINDS,
+    GGUFBlockLinear,
+    SmallBatchLinear,
+)
 from ember_core.layers.moe import Experts, SparseMoE
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0

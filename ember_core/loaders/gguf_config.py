@@ -6,7 +6,7 @@ from typing import Any
 
 import gguf
 
-from ember_core.loaders.gguf_tensors import ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, dequantize
+from ember_core.loaders.gguf_tensors import ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS, dequantize
 from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, MoEConfig
 from ember_core.models.family import FAMILIES, GGUF_ARCHITECTURES, Family
 from ember_core.models.rotary import Rope, RopeScaling

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+
 import gguf
-from gguf.gguf_reader import ReaderTensor
 import numpy as np
 import torch
+from gguf.gguf_reader import ReaderTensor
 from torch import nn
 
 from ember_core.config import Numerics

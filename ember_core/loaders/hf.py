@@ -47,7 +47,7 @@ def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         if path.suffix == ".safetensors":
             try:
                 with safe_open(str(path), framework="pt") as f:
-                    for name in f.keys():
+                    for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
                         yield name, f.get_tensor(name)
             except SafetensorError as exc:  # a truncated or corrupt file
                 raise ValueError(f"{path} is not a readable safetensors file: {exc}") from None

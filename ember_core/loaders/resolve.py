@@ -59,6 +59,6 @@ def resolve_model(name: str) -> Path:
         repo_id = short.hub_repo
     try:
         return _hub_snapshot(repo_id)
-    except Exception as exc:  # the hub raises many types: offline, 404, gated, bad repo id
+    except Exception as exc:  # noqa: BLE001 - the hub raises many types: offline, 404, gated, bad repo id
         tried.append(f"Hugging Face hub repo {repo_id} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
     raise ValueError(f"cannot find model {name!r}; tried: " + "; ".join(tried))

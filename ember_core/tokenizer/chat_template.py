@@ -3,7 +3,7 @@
 import json
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import jinja2.ext
@@ -54,7 +54,7 @@ class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; when
     rendering a prompt it only outputs its body."""
 
-    tags = {"generation"}
+    tags: ClassVar[set[str]] = {"generation"}
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -1,6 +1,7 @@
 """Byte-level BPE on tiktoken: the encoder and the bytes of every token, rebuilt from a TokenizerSpec."""
 
 import re
+
 import regex
 import tiktoken
 

@@ -1,5 +1,6 @@
 """Turn a byte-level BPE vocabulary and merge list (from any file format) into a TokenizerSpec."""
 
+import itertools
 from collections.abc import Iterable
 
 from ember_core.tokenizer.byte_level import token_bytes
@@ -45,7 +46,7 @@ def build_spec(
         if token_id not in reachable:
             decode_only[token_id] = data
 
-    if all(earlier < later for earlier, later in zip(merged_ids, merged_ids[1:])):
+    if all(earlier < later for earlier, later in itertools.pairwise(merged_ids)):
         # Ids already follow the merge order, so tiktoken can use them as ranks directly (the
         # ranks of single bytes never compete: tiktoken only ranks pairs).
         mergeable_ranks = {bytes_by_id[token_id]: token_id for token_id in reachable}

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -608,4 +608,4 @@ def _rates(spec: str) -> tuple[float | None, ...]:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -213,6 +213,6 @@ def _checkpoint_tensors(model_dir: Path) -> dict[str, tuple[Path, tuple[int, ...
     tensors = {}
     for path in paths:
         with safe_open(path, framework="pt") as checkpoint:
-            for name in checkpoint.keys():
+            for name in checkpoint.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
                 tensors[name] = (path, tuple(checkpoint.get_slice(name).get_shape()))
     return tensors

@@ -12,6 +12,7 @@ integer G ops/s), GB/s and its share of the peak of its arithmetic.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ import gguf
 import torch
 from torch import nn
 
-from ember_bench.kernel_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE, make_inputs
+from ember_bench.kernel_attention import HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE, StepInputs, make_inputs
 from ember_core.kernels import cpu_ops
 from ember_core.layers.kv_quant import kv_cache_dtype_name
 from ember_core.layers.linear import GGUFBlockLinear, SmallBatchLinear
@@ -162,10 +163,16 @@ def _linear_rows(
             flops = sum(2 * count * module.in_features * module.out_features for module in modules)
             activations = sum(count * (module.in_features + module.out_features) for module in modules)
             with torch.inference_mode():
-                seconds = _time(lambda: [module(inputs[module.in_features]) for module in modules], repeats)
+                seconds = _time(functools.partial(_run_each, modules, inputs), repeats)
             yield KernelTiming(name, _dtype_name(dtype), count, seconds, flops,
                                weight_bytes + activations * (2 if dtype == torch.bfloat16 else 4),
                                int8=getattr(modules[0], "int8", False))
+
+
+def _run_each(modules: list[nn.Module], inputs: dict[int, torch.Tensor]) -> None:
+    """Each module on the input of its width."""
+    for module in modules:
+        module(inputs[module.in_features])
 
 
 def _runs_in(module: nn.Module, dtype: torch.dtype) -> bool:
@@ -191,7 +198,7 @@ def attention_timings(batches: tuple[int, ...], context: int, repeats: int, laye
             inputs = make_inputs(batch, cache_dtype, layers, context, context)
             query = inputs.query.to(query_dtype)
 
-            def step() -> None:
+            def step(query: torch.Tensor = query, inputs: StepInputs = inputs) -> None:
                 for layer in range(layers):
                     cpu_ops.paged_decode_attention(query, inputs.key_caches[layer], inputs.value_caches[layer],
                                                    inputs.block_tables_int32, inputs.context_lens, SCALE)
@@ -255,7 +262,7 @@ def decode_layer_timings(dtypes: tuple[torch.dtype, ...], rows: int, steps: int 
             yield KernelTiming("decode layer, fused (SmolLM2 GGUF)", _dtype_name(dtype), rows, per_call, flops, weight_bytes)
         inputs = {k: torch.randn(rows, k).to(dtype) for k in {linear.in_features for linear in linears}}
         with torch.inference_mode():
-            seconds = _time(lambda: [linear(inputs[linear.in_features]) for linear in linears], 5) / len(layers)
+            seconds = _time(functools.partial(_run_each, linears, inputs), 5) / len(layers)
         yield KernelTiming("its linears alone, per layer", _dtype_name(dtype), rows, seconds, flops, weight_bytes)
         del llm
 

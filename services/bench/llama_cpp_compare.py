@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ember_bench.llama_server import LlamaServer, build_llama_cpp
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     print(compare_table(runs))
     if args.output_json:
         write_json(args.output_json, {
-            "benchmark": "llama_cpp_compare", "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "benchmark": "llama_cpp_compare", "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
             "cpu": cpu_name(), "environment": environment(), "llama_cpp": version,
             "config": {**asdict(config), "model": str(config.model), "llama_server_args": config.llama_server_args},
             "runs": runs,

@@ -17,7 +17,6 @@ from pathlib import Path
 from ember_bench.fidelity import Fidelity
 from ember_bench.stats import Distribution
 
-
 _ATTEMPTS = 3
 _NUMBER = r"(-?[\d.]+)"
 _FIGURES = {  # what -> the line of llama-perplexity's output that holds it

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ember_bench.local_server import free_port
 
@@ -36,7 +36,7 @@ class LlamaServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> LlamaServer:
+    def __enter__(self) -> Self:
         self.log = self.log_path.open("w")
         self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + SERVER_START_S

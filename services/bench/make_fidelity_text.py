@@ -11,7 +11,6 @@ Python's docs may word a section differently.
 from __future__ import annotations
 
 import sys
-
 from pydoc_data.topics import topics
 
 TOPICS = ("execmodel", "naming", "exceptions", "for", "while", "try", "with", "truth")

@@ -17,8 +17,8 @@ import torch
 from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 from ember_bench.workload import BenchRequest, RandomPrompts, take
 from ember_core.config import EngineConfig
-from ember_core.engine.engine import Engine
 from ember_core.device import resolve_device
+from ember_core.engine.engine import Engine
 from ember_core.loaders import LoadedModel, load_model
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.sampling_params import SamplingParams

@@ -115,7 +115,7 @@ async def first_model_id(session: aiohttp.ClientSession, config: ServeConfig) ->
     try:
         body = await asyncio.wait_for(_get_json(session, url, config.headers), config.timeout_s)
         return body["data"][0]["id"]
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError, LookupError, TypeError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, LookupError, TypeError) as exc:
         raise ConnectionError(f"cannot get a model id from {url} ({type(exc).__name__}: {exc}); pass --model") from None
 
 

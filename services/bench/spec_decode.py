@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ember_bench.llama_server import LlamaServer
 from ember_bench.llama_cpp_compare import cpu_name
+from ember_bench.llama_server import LlamaServer
 from ember_bench.local_server import local_server, served_model
 from ember_bench.serve import ServeConfig, run_serve
 from ember_bench.stats import ServeMetrics

@@ -26,12 +26,12 @@ async def stream_completion(
     result = RequestResult()
     try:
         await asyncio.wait_for(_stream(session, url, payload, headers, result), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         where = "mid-stream" if result.ttft else "before the first token"
         result.error = f"timed out after {timeout_s:g} s {where}"
     except RequestFailed as exc:
         result.error = str(exc)
-    except Exception as exc:  # a benchmarked server may send anything; one bad reply must not end the run
+    except Exception as exc:  # noqa: BLE001 - a server may send anything; one bad reply must not end the run
         result.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
     result.success = not result.error
     return result

@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bind", default=os.environ.get("EMBER_BIND", DEFAULT_BIND), help="tcp://HOST:PORT or ipc://PATH")
     parser.add_argument("--served-model-name", default=os.environ.get("EMBER_SERVED_MODEL_NAME"),
                         help="model id reported to clients (default: --model)")
-    parser.add_argument("--heartbeat-interval", type=float, default=os.environ.get("EMBER_HEARTBEAT_INTERVAL", 1.0))
-    parser.add_argument("--shutdown-timeout", type=float, default=os.environ.get("EMBER_SHUTDOWN_TIMEOUT", 10.0),
+    parser.add_argument("--heartbeat-interval", type=float, default=os.environ.get("EMBER_HEARTBEAT_INTERVAL", "1.0"))
+    parser.add_argument("--shutdown-timeout", type=float, default=os.environ.get("EMBER_SHUTDOWN_TIMEOUT", "10"),
                         help="seconds in-flight requests may finish after SIGTERM before they are aborted")
     parser.add_argument("--otlp-traces-endpoint", default=os.environ.get("EMBER_OTLP_TRACES_ENDPOINT"),
                         help="export each request's spans over OTLP/HTTP to this URL, e.g. http://collector:4318 "

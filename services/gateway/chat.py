@@ -11,11 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from ember_core.output_processor import ChoiceRequest
+from ember_gateway.choices import build_choices
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.errors import ApiError
 from ember_gateway.formats import ChatFormat
 from ember_gateway.intake import accept
-from ember_gateway.choices import build_choices
 from ember_gateway.respond import respond
 from ember_gateway.schemas import ChatCompletionRequest, ChatMessage, RefusalPart, TextPart, TokenizeRequest
 from ember_gateway.tools import ToolPlan, tool_plan, with_tool_description

@@ -7,10 +7,10 @@ import uuid
 
 from aiohttp import web
 
+from ember_gateway.choices import build_choices
 from ember_gateway.engine_client import ServedModel
 from ember_gateway.formats import CompletionFormat, Echo
 from ember_gateway.intake import accept
-from ember_gateway.choices import build_choices
 from ember_gateway.prompts import Prompt, prompt_ids, prompt_list
 from ember_gateway.respond import respond
 from ember_gateway.schemas import CompletionRequest

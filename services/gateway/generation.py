@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from types import TracebackType
+from typing import Self
 
 from ember_core.output_processor import ChoiceRequest, ChoiceUpdate, OutputProcessor
 from ember_gateway.engine_client import ServedModel
@@ -68,7 +68,7 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(choice.num_tokens for choice in self._choices)
 
-    def __enter__(self) -> Generation:
+    def __enter__(self) -> Self:
         if len(self._requests) > self._max_pending:
             raise ApiError(
                 400,
@@ -106,7 +106,7 @@ class Generation:
         )
         return self
 
-    def __exit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._pool.release([self._choices[index].request_id for index in self._processor.unfinished()])
         if self._trace is not None:
             self._trace.generation_ended(self.completion_tokens)
@@ -155,7 +155,7 @@ class Generation:
             return await self._queue.get()
         try:
             return await asyncio.wait_for(self._queue.get(), self._deadline - time.monotonic())
-        except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
+        except TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             raise self._timeout_error() from None
 
     def _record(self, choice: _Choice, update: ChoiceUpdate, previous_message_at: float) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from aiohttp import web
 
@@ -28,7 +28,7 @@ class FakeOpenAIServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._release = asyncio.Event()  # stalled handlers wait on it; set at exit so cleanup is quick
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
         return self

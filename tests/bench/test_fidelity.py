@@ -13,8 +13,8 @@ import torch
 from ember_bench.cli import main as bench_main
 from ember_bench.fidelity import TEXT, compare
 from ember_bench.llama_cpp_fidelity import parse_kl_statistics
-from ember_core.loaders.load import load_model
 from ember_core.kernels import cpu_ops
+from ember_core.loaders.load import load_model
 
 # The statistics llama-perplexity --kl-divergence printed for SmolLM2 Q4_1 on workloads/fidelity.txt (-c 1024)
 LLAMA_PERPLEXITY_OUTPUT = """

@@ -3,6 +3,7 @@ always ends (failures counted) when it does not."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def test_no_model_and_no_server_is_a_one_line_error(tmp_path: Path, capsys: pyte
 
 def test_poisson_arrival_offsets() -> None:
     offsets = arrival_offsets(2000, request_rate=50.0, seed=7)
-    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
     assert offsets[0] == 0 and min(gaps) >= 0
     assert sum(gaps) / len(gaps) == pytest.approx(1 / 50.0, rel=0.1)
     assert offsets == arrival_offsets(2000, 50.0, seed=7)

@@ -249,7 +249,7 @@ def test_family_templates_render_as_transformers(template_name: str, conversatio
     for add_generation_prompt, extra in itertools.product([True, False], TEMPLATE_KWARGS):
         try:
             expected = transformers_render(template, messages, add_generation_prompt, bos_token, eos_token, **extra)
-        except Exception as refusal:  # the template rejects the messages
+        except Exception as refusal:  # noqa: BLE001 - the template rejects the messages
             with pytest.raises(ValueError) as raised:
                 render_chat(template, messages, add_generation_prompt, bos_token or "", eos_token or "", **extra)
             assert str(refusal) in str(raised.value), (add_generation_prompt, extra)
@@ -279,8 +279,8 @@ def render_family(
          "<bos><start_of_turn>user\nBe terse.\n\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"),
         ("phi-3.5-mini-instruct.jinja", "<|system|>\nBe terse.<|end|>\n<|user|>\nWhat is 2+2?<|end|>\n<|assistant|>\n"),
         ("phi-4.jinja",
-         "<|im_start|>system<|im_sep|>Be terse.<|im_end|><|im_start|>user<|im_sep|>What is 2+2?<|im_end|>"
-         "<|im_start|>assistant<|im_sep|>"),
+         ("<|im_start|>system<|im_sep|>Be terse.<|im_end|><|im_start|>user<|im_sep|>What is 2+2?<|im_end|>"
+         "<|im_start|>assistant<|im_sep|>")),
         ("olmo-2-instruct.jinja", "<|endoftext|><|system|>\nBe terse.\n<|user|>\nWhat is 2+2?\n<|assistant|>\n"),
     ],
 )

@@ -10,9 +10,9 @@ import torch
 
 from ember_core.config import DEFAULT_MODEL
 from ember_core.device import cpu_has_fast_bf16
-from ember_core.loaders import load_model
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import GGUFBlockLinear
+from ember_core.loaders import load_model
 from ember_core.models.decoder import Decoder
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.runner import dtype_probe

@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
+from ember_bench.gguf_export import export_gguf
 from ember_core import LLM, SamplingParams
 from ember_core.engine.engine import RequestRejected
-from ember_bench.gguf_export import export_gguf
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_proto import EmbedOptions, FinishReason
 from tests.conftest import assert_pool_free

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import gguf
-import numpy as np
 import pytest
 import torch
 import transformers

@@ -1,9 +1,8 @@
 """Every package folder, and every C++ file the kernels build from, is listed in pyproject.toml, so a
 non-editable install (the Docker images) has it."""
 
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 

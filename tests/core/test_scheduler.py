@@ -373,7 +373,7 @@ def _full_pool(policy: str, priorities: tuple[int, int]) -> tuple[Scheduler, lis
 
 
 def test_a_higher_priority_arrival_preempts_the_lowest_priority_running_one() -> None:
-    s, (low, lower) = _full_pool("priority", (1, 2))
+    s, (_low, lower) = _full_pool("priority", (1, 2))
     urgent = make_prioritized(7, 0, max_tokens=2)
     s.add(urgent)
     out = run_step(s)

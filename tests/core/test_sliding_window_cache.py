@@ -267,7 +267,8 @@ def test_the_longest_hit_is_the_longest_prefix_every_group_can_serve() -> None:
         density = rng.choice([0.6, 0.85, 0.95])
         cached = [{i for i in range(num_blocks) if rng.random() < density} for _ in windows]
         expected = brute_force_hit(num_blocks, windows, block_size, cached)
-        assert longest_cache_hit(num_blocks, windows, block_size, lambda g, i: i in cached[g]) == expected
+        hit = longest_cache_hit(num_blocks, windows, block_size, lambda g, i, cached=cached: i in cached[g])
+        assert hit == expected
 
 
 @pytest.mark.parametrize(("windows", "evicted"), [((8, None), []), ((None, 8), []), ((8, 8), [1, 0])])

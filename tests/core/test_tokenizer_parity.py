@@ -1,6 +1,7 @@
 """ember's token ids must equal the original tokenizer's on thousands of varied strings:
 `tokenizers` itself for HF files, an independent pure-Python byte-level BPE for the GGUF."""
 
+import itertools
 import json
 import random
 from functools import cache
@@ -166,28 +167,28 @@ LLAMA_CPP_STAGES = {
     "gpt-2": [LLAMA_CPP_GPT2],
     "smollm": [r"\p{N}", LLAMA_CPP_GPT2],
     "llama-bpe": [
-        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     ],
     "qwen2": [
-        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     ],
     "qwen35": [
-        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-        r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+        r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     ],
     "gpt-4o": [
-        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+        (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
         r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
         r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
         r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
-        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     ],
     "tekken": [
-        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+        (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
         r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
     ],
 }
 # llama-vocab.cpp's tokenizer.ggml.pre names, by the pre-tokenizer of LLAMA_CPP_STAGES they share.
@@ -224,12 +225,12 @@ class ReferenceBpe:
         self.token_id = {text: token_id for token_id, (text, kind) in enumerate(zip(tokens, token_types)) if kind == 1}
         self.merge_rank = {tuple(merge.split(" ")): rank for rank, merge in enumerate(merges)}
 
-    @cache
+    @cache  # noqa: B019 - a reference tokenizer per test module: its cache lives as long as it does
     def encode_piece(self, piece: str) -> tuple[int, ...]:
         # Characters with no token are dropped before merging, as HF tokenizers' BPE does.
         symbols = [char for char in byte_level(piece) if char in self.token_id]
         while len(symbols) > 1:
-            ranks = [self.merge_rank.get(pair, float("inf")) for pair in zip(symbols, symbols[1:])]
+            ranks = [self.merge_rank.get(pair, float("inf")) for pair in itertools.pairwise(symbols)]
             best = min(range(len(ranks)), key=ranks.__getitem__)
             if ranks[best] == float("inf"):
                 break

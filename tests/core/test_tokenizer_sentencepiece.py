@@ -125,9 +125,8 @@ def assert_ids_match(ember: Tokenizer, reference: Any) -> None:
     for text in TEXTS:
         expected = reference.encode(text, add_special_tokens=False)
         as_text = reference.encode(text, add_special_tokens=False, split_special_tokens=True)
-        if ember.encode(text, allow_special=True) != expected or ember.encode(text) != as_text:
-            mismatches.append(text)
-        elif expected[:1] != [ember.bos_token_id] and ember.encode_prompt(text) != reference.encode(text):
+        prompt_differs = expected[:1] != [ember.bos_token_id] and ember.encode_prompt(text) != reference.encode(text)
+        if ember.encode(text, allow_special=True) != expected or ember.encode(text) != as_text or prompt_differs:
             mismatches.append(text)
     assert not mismatches, f"{len(mismatches)} of {len(TEXTS)} texts differ, e.g. {mismatches[:3]}"
 

@@ -39,7 +39,7 @@ _POOLS = [
     "éèêëñüöäåøßçœÉÑÜ",
     "".join(map(chr, range(0x4E00, 0x4E40))),
     "".join(map(chr, range(0x1F600, 0x1F640))) + "\u200d\U0001F3FD\ufe0f",
-    "".join(map(chr, [*range(0x00, 0x20), 0x7F])),
+    "".join(map(chr, [*range(0x20), 0x7F])),
     "ЖжЯяΩωαβ",
     "\U00040000\U00050001\U00090002\U000b0003",
 ]

@@ -219,12 +219,12 @@ async def test_client_disconnect_frees_the_kv_cache(url: str):
 async def test_overload_gets_429_and_a_key_is_required(limited_url: str):
     auth = {"Authorization": f"Bearer {API_KEY}"}
     long_body = {"model": MODEL, "prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    async with aiohttp.ClientSession(headers=auth) as session:
-        async with session.post(f"{limited_url}/v1/completions", json=long_body) as in_flight:
-            await in_flight.content.readuntil(b"\n\n")
-            async with session.post(f"{limited_url}/v1/completions", json={"model": MODEL, "prompt": "x"}) as response:
-                assert_openai_error(response.status, await response.json(), 429)
-                assert int(response.headers["Retry-After"]) >= 1
+    async with aiohttp.ClientSession(headers=auth) as session, \
+            session.post(f"{limited_url}/v1/completions", json=long_body) as in_flight:
+        await in_flight.content.readuntil(b"\n\n")
+        async with session.post(f"{limited_url}/v1/completions", json={"model": MODEL, "prompt": "x"}) as response:
+            assert_openai_error(response.status, await response.json(), 429)
+            assert int(response.headers["Retry-After"]) >= 1
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{limited_url}/v1/completions", json={"model": MODEL, "prompt": "x"}) as response:
             assert_openai_error(response.status, await response.json(), 401)
@@ -313,7 +313,7 @@ def test_openai_models_and_errors(sdk: openai.OpenAI, limited_url: str):
 
 def test_gateway_does_not_import_torch():
     code = "import sys, ember_gateway.cli, ember_gateway.app; sys.exit('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
 
 
 # process lifecycle

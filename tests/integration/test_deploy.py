@@ -33,7 +33,8 @@ def nginx_config_for(tmp_path: Path, listen_port: int, gateway_ports: list[int])
     (proxy_pass takes a group whose name the variable holds)."""
     text = (DEPLOY / "nginx.conf").read_text()
     servers = "".join(f"        server 127.0.0.1:{port};\n" for port in gateway_ports)
-    text, replaced = re.subn(r"^ *resolver .*;$", f"    upstream local_gateways {{\n{servers}    }}", text, flags=re.M)
+    upstream = f"    upstream local_gateways {{\n{servers}    }}"
+    text, replaced = re.subn(r"^ *resolver .*;$", upstream, text, flags=re.MULTILINE)
     assert replaced == 1
     text, replaced = re.subn(r"set \$gateways gateway:8000;", "set $gateways local_gateways;", text)
     assert replaced == 1
@@ -49,14 +50,16 @@ def nginx_config_for(tmp_path: Path, listen_port: int, gateway_ports: list[int])
 @pytest.mark.parametrize("files", [["docker-compose.yml"], ["docker-compose.yml", "deploy/docker-compose.gpu.yml"]])
 def test_compose_files_are_valid(files: list[str]) -> None:
     args = [arg for f in files for arg in ("-f", f)]
-    result = subprocess.run(["docker-compose", *args, "config", "-q"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(["docker-compose", *args, "config", "-q"], cwd=ROOT, check=False, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
 
 
 @needs_nginx
 def test_nginx_config_is_valid(tmp_path: Path) -> None:
     config = nginx_config_for(tmp_path, free_port(), [free_port()])
-    result = subprocess.run([NGINX, "-t", "-e", "stderr", "-c", str(config)], capture_output=True, text=True)
+    result = subprocess.run([NGINX, "-t", "-e", "stderr", "-c", str(config)], check=False, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stderr
     text = (DEPLOY / "nginx.conf").read_text()
     assert "proxy_buffering off;" in text and "gzip on" not in text
@@ -69,7 +72,7 @@ def test_compose_names_only_files_ports_and_images_that_exist() -> None:
     for name in ("engine", "gateway"):
         dockerfile = ROOT / services[name]["build"]["dockerfile"]
         assert dockerfile.is_file()
-        exposed = re.findall(r"^EXPOSE (\d+)", dockerfile.read_text(), flags=re.M)
+        exposed = re.findall(r"^EXPOSE (\d+)", dockerfile.read_text(), flags=re.MULTILINE)
         assert exposed == [str(p) for p in services[name]["expose"]]
         assert "ports" not in services[name]  # only the load balancer is published
     assert services["lb"]["ports"] == ["${EMBER_HTTP_PORT:-8000}:8000"]
@@ -106,7 +109,7 @@ def test_kubernetes_manifests_parse_and_match_the_images() -> None:
         assert container["image"] in images
         port = container["ports"][0]["containerPort"]
         dockerfile = DEPLOY / f"{container['name']}.Dockerfile"
-        assert re.search(rf"^EXPOSE {port}$", dockerfile.read_text(), flags=re.M)
+        assert re.search(rf"^EXPOSE {port}$", dockerfile.read_text(), flags=re.MULTILINE)
         assert container["readinessProbe"] and container["livenessProbe"] and container["resources"]["requests"]
     engine_service = next(d for d in documents if (d["kind"], d["metadata"]["name"]) == ("Service", "ember-engine"))
     assert engine_service["spec"]["clusterIP"] == "None"  # headless: the gateways resolve every engine pod
@@ -122,9 +125,9 @@ def test_kubernetes_manifests_parse_and_match_the_images() -> None:
 def test_engine_probe_reports_readiness(tmp_path: Path, gpt2_dir: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     probe = [sys.executable, "-m", "ember_engine.probe", address]
-    assert subprocess.run(probe, timeout=30).returncode == 1  # nothing there yet
+    assert subprocess.run(probe, check=False, timeout=30).returncode == 1  # nothing there yet
     with spawned(engine_argv(gpt2_dir, address, "--num-blocks", "16"), tmp_path / "engine.log"):
-        wait_until(lambda: subprocess.run(probe, timeout=30).returncode == 0, 90, "the engine probe")
+        wait_until(lambda: subprocess.run(probe, check=False, timeout=30).returncode == 0, 90, "the engine probe")
 
 
 async def _stream_chunk_times(session: aiohttp.ClientSession, url: str) -> tuple[list[float], list[str]]:
