@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'torch>=2.4'
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.ember-installed
 
-.PHONY: install deploy-tools run serve generate test compose-smoke fuzz clean
+.PHONY: install deploy-tools run serve generate test lint compose-smoke fuzz clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,8 +38,12 @@ deploy-tools:
 		else echo "note: nginx / docker-compose / promtool / chromium not installed: their tests will be skipped"; fi; \
 	fi
 
-test: $(STAMP) deploy-tools
+test: lint deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# ruff (its rules and import order, pyproject.toml's [tool.ruff]) on the whole tree, before the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # `docker compose up` for real: installs and starts dockerd where it can (root), builds the images,
 # runs the stack and checks it through nginx (tests/deploy); skips, saying why, where it cannot.
