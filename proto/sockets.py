@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import zmq
 
 LINGER_MS = 0  # pending messages to a dead peer never block shutdown
 
 
 def make_socket(
-    context: zmq.Context,
+    context: zmq.Context[Any],
     socket_type: int,
     address: str,
     *,
     bind: bool,
     identity: bytes | None = None,
-) -> zmq.Socket:
-    socket = context.socket(socket_type)
+) -> zmq.Socket[Any]:
+    socket: zmq.Socket[Any] = context.socket(socket_type)
     socket.setsockopt(zmq.LINGER, LINGER_MS)
     if identity is not None:
         socket.setsockopt(zmq.IDENTITY, identity)

@@ -34,4 +34,5 @@ def embedding_bytes(seq: Sequence, config: PoolingConfig) -> bytes:
         vector = vector[: seq.embed_dimensions]
     if config.normalize:
         vector = torch.nn.functional.normalize(vector, dim=0)
-    return vector.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
+    wire: bytes = vector.to(device="cpu", dtype=torch.float32).numpy().astype("<f4").tobytes()
+    return wire

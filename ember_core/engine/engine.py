@@ -9,6 +9,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig
@@ -33,7 +34,9 @@ from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
 from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
+from ember_core.speculative_config import speculative_config
 from ember_core.structured_outputs import ConstraintCompiler
+from ember_core.tokenizer import Tokenizer
 from ember_proto import BLOCK_MAP_STEPS, EmbedOptions, EngineStats, FinishReason, RequestDelta, StepSample, TokenLogprob
 
 __all__ = ["Engine", "RequestRejected"]
@@ -94,7 +97,7 @@ class Engine:
             None if tokenizer is None else ConstraintCompiler(tokenizer, self.loaded.vocab_size, sorted(self.stop_token_ids)),
         )
         self._token_masks = TokenMaskFiller(self.loaded.vocab_size)
-        spec = config.speculative_config
+        spec = speculative_config(config.speculative_config)  # EngineConfig holds it parsed already
         self.speculator = None if spec is None else Speculator(spec)
         self._sequences: dict[str, Sequence] = {}
         self._seq_ids = itertools.count()
@@ -104,13 +107,14 @@ class Engine:
         self.step_samples: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)  # for dashboards
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer | None:
         return self.loaded.tokenizer
 
     @property
     def hidden_size(self) -> int:
         """The values of an embedding: the model's final hidden state's."""
-        return self.loaded.model.config.hidden_size
+        model_config: Any = self.loaded.model.config  # the model's own (nn.Module types it as a Module)
+        return int(model_config.hidden_size)
 
     def add_request(
         self,
@@ -138,7 +142,7 @@ class Engine:
         except ValueError as exc:
             raise RequestRejected(str(exc)) from None
         if params.structured_outputs is not None:
-            seq.matcher = self.intake.matcher(params, output_token_ids)
+            seq.matcher = self.intake.matcher(params.structured_outputs, output_token_ids)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
@@ -216,6 +220,7 @@ class Engine:
         # the decode row's token and the accepted drafts now have their K/V in the cache
         seq.num_computed_tokens += num_tokens - len(drafts) + min(num_appended, num_accepted)
         if drafts:
+            assert self.speculator is not None  # only a speculator drafts
             self.speculator.record(seq.drafts, len(drafts), num_accepted, num_appended, seq.num_output_tokens)
             self.scheduler.release_rejected_drafts(seq)
         self.scheduler.cache_computed_blocks(seq)
@@ -230,8 +235,8 @@ class Engine:
         self,
         seq: Sequence,
         new_token_ids: list[int],
-        logprobs: list | None = None,
-        prompt_logprobs: list | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[TokenLogprob] | None = None,
         embedding: bytes = b"",
     ) -> RequestDelta:
         self._sequences.pop(seq.request_id, None)

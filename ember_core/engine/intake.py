@@ -14,7 +14,7 @@ from ember_core.engine.sequence import Sequence
 from ember_core.pooling import PoolingConfig, dimensions_error
 from ember_core.sampling_params import SamplingParams
 from ember_core.structured_outputs import ConstraintCompiler, StructuredOutputError
-from ember_proto import EmbedOptions
+from ember_proto import EmbedOptions, StructuredOutputs
 
 
 class RequestRejected(ValueError):
@@ -73,7 +73,7 @@ class RequestIntake:
             raise RequestRejected(
                 f"{len(output_token_ids)} tokens already generated leave none of max_tokens ({params.max_tokens})"
             )
-        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
             if bad := outside_vocabulary(ids, vocab_size):
                 raise RequestRejected(f"{name} token id {bad[0]!r} is outside the vocabulary [0, {vocab_size})")
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
@@ -90,12 +90,12 @@ class RequestIntake:
             if error is not None:
                 raise RequestRejected(error)
 
-    def matcher(self, params: SamplingParams, output_token_ids: Sequence_[int]) -> Any:
+    def matcher(self, constraint: StructuredOutputs, output_token_ids: Sequence_[int]) -> Any:
         """The constraint's matcher, past the tokens generated before a resume."""
         if self.constraints is None:
             raise RequestRejected("structured outputs need a tokenizer and this model has none")
         try:
-            matcher = self.constraints.matcher(params.structured_outputs)
+            matcher = self.constraints.matcher(constraint)
         except StructuredOutputError as exc:
             raise RequestRejected(str(exc)) from None
         if output_token_ids and not matcher.consume_tokens(list(output_token_ids)):

@@ -27,7 +27,7 @@ def _stop_reason(seq: Sequence, token_id: int, stop_token_ids: frozenset[int], m
     params = seq.params
     if seq.matcher is not None and seq.matcher.is_stopped():  # the constraint is complete
         return FinishReason.STOP
-    stop_token = token_id in params.stop_token_ids or (not params.ignore_eos and token_id in stop_token_ids)
+    stop_token = token_id in (params.stop_token_ids or ()) or (not params.ignore_eos and token_id in stop_token_ids)
     if stop_token and seq.num_output_tokens >= params.min_tokens:
         return FinishReason.STOP
     if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:

@@ -180,7 +180,7 @@ class Scheduler:
             self._static_batch_open = self._admit(budget, out)
         return out
 
-    def _rank(self, seq: Sequence, now: float) -> tuple:
+    def _rank(self, seq: Sequence, now: float) -> tuple[int, int, float, int]:
         """Lower runs first: requests aged past priority_aging_s by arrival, then the others by
         (priority, arrival)."""
         if now - seq.arrival_time >= self.priority_aging_s:
@@ -198,7 +198,7 @@ class Scheduler:
     def _preempt_for_priority(self, out: SchedulerOutput, now: float) -> None:
         """Preempt the running sequences that rank below the first waiting one, last-ranked first,
         until it can start; never one aged past priority_aging_s."""
-        no_completed_blocks = [{} for _ in range(self.block_manager.num_groups)]
+        no_completed_blocks: list[dict[bytes, int]] = [{} for _ in range(self.block_manager.num_groups)]
         while self.waiting:
             head = self.waiting[0]
             if len(self.running) < self.max_num_seqs and self._start_plan(head, no_completed_blocks) is not None:

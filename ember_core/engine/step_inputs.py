@@ -61,7 +61,7 @@ def _sampling_request(
     output_index = seq.num_output_tokens + len(drafted)
     banned: tuple[int, ...] = ()
     if output_index < params.min_tokens:
-        banned = tuple(stop_token_ids | set(params.stop_token_ids))
+        banned = tuple(stop_token_ids | set(params.stop_token_ids or ()))
     history = params.needs_token_history
     return SamplingRequest(
         params=params,
