@@ -313,7 +313,8 @@ def test_heartbeats_keep_flowing_during_a_step_longer_than_the_interval(gpt2_dir
 def test_block_maps_go_only_to_a_gateway_watching_and_show_a_request_holding_blocks(engine, context) -> None:
     watcher, bystander = Client(context, engine[0]), Client(context, engine[0])
     watcher.send(WatchBlocks(30))
-    watcher.generate("held", list(range(1, 30)), max_tokens=60, temperature=0, ignore_eos=True)
+    # Long enough to span several maps (4 a second): 60 tokens could finish between two of them.
+    watcher.generate("held", list(range(1, 30)), max_tokens=200, temperature=0, ignore_eos=True)
     block_maps = []
     while not any("held" in m.running for m in block_maps):
         block_maps.append(watcher.expect(BlockMap, timeout=10))
