@@ -42,12 +42,10 @@ test: lint deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # ruff (its rules and import order, pyproject.toml's [tool.ruff]) on the whole tree, and mypy --strict
-# on the wire protocol and the engine ([tool.mypy]), before the tests. mypy finds a package by its
-# name, and proto/ is ember_proto only through setuptools' package-dir: a link gives it that name.
+# on the wire protocol and the engine ([tool.mypy]), before the tests.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	mkdir -p build/typecheck && ln -sfn ../../proto build/typecheck/ember_proto
-	MYPYPATH=build/typecheck $(VENV)/bin/mypy
+	$(VENV)/bin/mypy
 
 # `docker compose up` for real: installs and starts dockerd where it can (root), builds the images,
 # runs the stack and checks it through nginx (tests/deploy); skips, saying why, where it cannot.

@@ -19,7 +19,7 @@ DOCS = [
     ROOT / "docs" / "attention-kernels.md",
     ROOT / "docs" / "benchmarks.md",
     ROOT / "docs" / "abuse.md",
-    ROOT / "services" / "gateway" / "README.md",
+    ROOT / "services" / "ember_gateway" / "README.md",
     ROOT / "proto" / "README.md",
 ]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")

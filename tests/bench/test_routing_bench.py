@@ -13,7 +13,7 @@ from ember_bench.conversations import Conversation, ConversationWorkload, load_c
 from ember_core.tokenizer import tokenizer_from_gguf
 from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
 
-SHIPPED = Path(__file__).parents[2] / "services/bench/workloads/conversations_smollm2.json"
+SHIPPED = Path(__file__).parents[2] / "services/ember_bench/workloads/conversations_smollm2.json"
 
 
 def test_conversations_share_their_tenant_s_context_and_carry_the_answers(smollm2_reader) -> None:

@@ -25,7 +25,7 @@ def test_loads_prompts_and_ignores_extra_keys(tmp_path: Path) -> None:
 
 
 def test_the_shipped_workload_loads() -> None:
-    requests = load_workload(Path(__file__).parents[2] / "services/bench/workloads/smollm2.json")
+    requests = load_workload(Path(__file__).parents[2] / "services/ember_bench/workloads/smollm2.json")
     assert len(requests) == 32 and sum(r.max_tokens for r in requests) == 3890
 
 
@@ -80,7 +80,7 @@ def test_take_limits_or_cycles() -> None:
 
 def test_the_shipped_workload_counts_its_prompts_as_the_smollm2_tokenizer_does(smollm2_reader) -> None:
     tokenizer = tokenizer_from_gguf(smollm2_reader)
-    shipped = json.loads((Path(__file__).parents[2] / "services/bench/workloads/smollm2.json").read_text())
+    shipped = json.loads((Path(__file__).parents[2] / "services/ember_bench/workloads/smollm2.json").read_text())
     assert mismatches(tokenizer, shipped) == []
 
 

@@ -10,7 +10,7 @@ from ember_core import sampling_limits
 from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
 from ember_core.sampling_params import SamplingParamError, SamplingParams
 from ember_core.tokenizer import Tokenizer
-from ember_gateway.schemas import CompletionRequest
+from ember_gateway.api.request_bodies import CompletionRequest
 from ember_proto import FinishReason, RequestDelta
 from tests.gateway.fake_engine import byte_tokenizer_spec
 

@@ -14,8 +14,8 @@ from aiohttp import web
 
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import GatewayConfig
-from ember_gateway.engine_client import EngineClient
-from ember_gateway.engine_pool import EnginePool
+from ember_gateway.engines.client import EngineClient
+from ember_gateway.engines.pool import EnginePool
 from ember_gateway.state import STATE
 from tests.gateway.fake_engine import CHATML, FakeEngine, byte_tokenizer_spec
 from tests.processes import free_port

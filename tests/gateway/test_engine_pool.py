@@ -12,12 +12,12 @@ import pytest
 from aiohttp import web
 
 from ember_core.cache.block_hash import prompt_block_hashes
-from ember_gateway import engine_pool
 from ember_gateway.app import create_app, start_runner
 from ember_gateway.config import GatewayConfig
-from ember_gateway.engine_pool import EnginePool
-from ember_gateway.kv_index import KvIndex
-from ember_gateway.router import Candidate, Decision, choose
+from ember_gateway.engines import pool as engine_pool
+from ember_gateway.engines.kv_index import KvIndex
+from ember_gateway.engines.pool import EnginePool
+from ember_gateway.engines.router import Candidate, Decision, choose
 from ember_proto import KvEvents
 from tests.gateway.conftest import parse_sse, wait_until_async
 from tests.gateway.fake_engine import FakeEngine

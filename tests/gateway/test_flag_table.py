@@ -8,7 +8,7 @@ from pathlib import Path
 from ember_core.config_flags import markdown_table
 from ember_gateway.cli import GATEWAY_FLAGS
 
-README = Path(__file__).resolve().parents[2] / "services" / "gateway" / "README.md"
+README = Path(__file__).resolve().parents[2] / "services" / "ember_gateway" / "README.md"
 BEGIN = "<!-- flag table: generated from GatewayConfig by tests/gateway/test_flag_table.py -->\n"
 END = "<!-- end of flag table -->\n"
 

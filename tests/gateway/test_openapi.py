@@ -1,5 +1,5 @@
 """GET /openapi.json: valid OpenAPI 3.1, open without an API key, and covering every route of the
-app. Every body the gateway sends is built as a Struct of responses.py, which the document is made
+app. Every body the gateway sends is built as a Struct of api/response_bodies.py, which the document is made
 from, so real bodies are not checked against it here."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
+from ember_gateway.api.openapi import DOCUMENT
 from ember_gateway.app import create_app
 from ember_gateway.config import GatewayConfig
-from ember_gateway.openapi import DOCUMENT
 from tests.gateway.conftest import StartGateway
 from tests.gateway.fake_engine import FakeEngine
 

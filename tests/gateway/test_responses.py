@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 import pytest
 
-from ember_gateway.response_objects import ResponseEvent
+from ember_gateway.api.responses.objects import ResponseEvent
 from ember_proto import StructuredOutputs
 from tests.gateway.conftest import Gateway, ReplyingEngine, StartGateway
 from tests.gateway.fake_engine import EOS, FakeEngine

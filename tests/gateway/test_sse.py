@@ -1,7 +1,7 @@
 import json
 
-from ember_gateway.errors import ApiError
-from ember_gateway.sse import DONE, SSE_HEADERS, sse_event
+from ember_gateway.edge.errors import ApiError
+from ember_gateway.edge.sse import DONE, SSE_HEADERS, sse_event
 
 
 def test_event_is_one_data_line_and_a_blank_line():

@@ -3,7 +3,7 @@ additionalProperties."""
 
 from __future__ import annotations
 
-from ember_gateway.strict_schema import strict_schema
+from ember_gateway.api.completions.strict_schema import strict_schema
 
 
 def test_every_object_is_closed_where_the_schema_says_nothing() -> None:

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from ember_core.tokenizer import render_chat
-from ember_gateway.tools import CallStream, ToolPlan, describe, parse_calls, tool_syntax, with_tool_description
+from ember_gateway.api.completions.tools import (
+    CallStream,
+    ToolPlan,
+    describe,
+    parse_calls,
+    tool_syntax,
+    with_tool_description,
+)
 from tests.gateway.conftest import Gateway, StartGateway
 
 TEMPLATES = Path(__file__).parents[1] / "core" / "data" / "chat_templates"

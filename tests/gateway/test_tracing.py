@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ember_gateway.config import GatewayConfig
-from ember_gateway.errors import engine_unavailable
+from ember_gateway.edge.errors import engine_unavailable
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.gateway.fake_engine import FakeEngine
 

@@ -282,15 +282,15 @@ async def test_api_key(fake_engine: FakeEngine, start_gateway: StartGateway):
 async def test_unexpected_exception_is_a_500_and_serving_continues(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch, path: str
 ):
-    from ember_gateway import choices
+    from ember_gateway.api.completions import choices
 
     original = choices.build_choices
-    monkeypatch.setattr("ember_gateway.completions.build_choices", lambda *a, **k: 1 / 0)
-    monkeypatch.setattr("ember_gateway.chat.build_choices", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("ember_gateway.api.completions.completions.build_choices", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr("ember_gateway.api.completions.chat.build_choices", lambda *a, **k: 1 / 0)
     body = json.loads(completion() if path == COMPLETIONS else chat())
     status, error = await gateway.post(path, body)
     assert assert_openai_error(status, error, 500)["type"] == "server_error"
-    monkeypatch.setattr("ember_gateway.completions.build_choices", original)
-    monkeypatch.setattr("ember_gateway.chat.build_choices", original)
+    monkeypatch.setattr("ember_gateway.api.completions.completions.build_choices", original)
+    monkeypatch.setattr("ember_gateway.api.completions.chat.build_choices", original)
     status, _ = await gateway.post(path, {**body, "max_tokens": 2})
     assert status == 200

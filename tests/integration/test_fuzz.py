@@ -29,7 +29,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from ember_gateway.response_objects import ResponseEvent
+from ember_gateway.api.responses.objects import ResponseEvent
 from tests.gateway.conftest import parse_sse
 from tests.processes import engine_argv, free_port, spawned, start_gateway
 
@@ -48,7 +48,7 @@ CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "max_output_tokens": 4, "mi
 GREEDY = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0,
           "max_tokens": 8}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-# fields ember takes only at their no-op values (schemas.py): anything else is a 400
+# fields ember takes only at their no-op values (api/request_bodies.py): anything else is a 400
 NO_OP_ONLY = {"tool_choice", "function_call", "use_beam_search", "bad_words", "allowed_token_ids", "prompt_logprobs",
               "truncate_prompt_tokens", "suffix", "audio", "store", "previous_response_id", "background",
               "conversation", "reasoning", "include", "top_logprobs", "truncation", "dimensions"}

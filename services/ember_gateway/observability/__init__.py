@@ -1,0 +1,1 @@
+"""What operators see: /health, Prometheus metrics, OpenTelemetry traces and the live dashboard."""
