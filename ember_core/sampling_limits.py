@@ -1,11 +1,11 @@
-"""The range of every sampling parameter, in one table: the gateway's request schemas decode
-against these types, and SamplingParams (which the engine's intake builds from the wire) checks
-against the same rows."""
+"""The ranges of the sampling parameters, and the `Setting` each SamplingParams field is declared
+with: SamplingParams checks against these rows (the engine's intake builds one from the wire), and
+the gateway's request bodies decode against the same types."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -64,20 +64,20 @@ LOGIT_BIAS = Limit(float, ge=-100, le=100)
 TOKEN_ID = Limit(int, ge=0)
 PRIORITY = Limit(int, ge=INT64_MIN, le=INT64_MAX)  # lower runs first (the priority scheduling policy)
 
-# SamplingParams' fields and their rows (None passes where the field's default is None)
-FIELD_LIMITS: dict[str, Limit] = {
-    "n": N,
-    "max_tokens": TOKEN_COUNT,
-    "min_tokens": TOKEN_COUNT,
-    "temperature": TEMPERATURE,
-    "top_p": TOP_P,
-    "top_k": TOP_K,
-    "min_p": MIN_P,
-    "seed": SEED,
-    "logprobs": LOGPROBS,
-    "prompt_logprobs": LOGPROBS,
-    "presence_penalty": PENALTY,
-    "frequency_penalty": PENALTY,
-    "repetition_penalty": REPETITION_PENALTY,
-    "priority": PRIORITY,
-}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a SamplingParams field declares beside its type and default (sampling_params.py): what it
+    means (the CLI's help, the OpenAPI document's description), its range, how an HTTP body carries
+    it, and whether the engine samples with it, so that it travels on the wire (SamplingOptions).
+
+    body: "value" -- the body's field of that name, with the same default; "nullable" -- also
+    null, which means the default (OpenAI's fields and vLLM's sampling ones); "mapped" -- the
+    endpoints read it from their own fields (max_tokens, logprobs, logit_bias, ...)."""
+
+    meaning: str
+    limit: Limit | None = None
+    body: Literal["value", "nullable", "mapped"] = "nullable"
+    body_type: Any = None  # the body's type, where the limit does not give it
+    engine: bool = True

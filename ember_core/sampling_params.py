@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
+from typing import Annotated, Any, get_type_hints
 
 import msgspec
+from msgspec import Meta
 
-from ember_core.sampling_limits import FIELD_LIMITS, LOGIT_BIAS, MAX_STOP_STRINGS, TOKEN_ID
+from ember_core.sampling_limits import (
+    LOGIT_BIAS,
+    LOGPROBS,
+    MAX_STOP_STRINGS,
+    MIN_P,
+    PENALTY,
+    PRIORITY,
+    REPETITION_PENALTY,
+    SEED,
+    TEMPERATURE,
+    TOKEN_COUNT,
+    TOKEN_ID,
+    TOP_K,
+    TOP_P,
+    Limit,
+    N,
+    Setting,
+)
 from ember_core.structured_outputs import StructuredOutputError, grammar_of
 from ember_proto import SamplingOptions, StructuredOutputs
 
@@ -14,7 +33,6 @@ from ember_proto import SamplingOptions, StructuredOutputs
 # near 1e-38 (garbage tokens): such requests decode greedily, as in vLLM.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 _SEED_SPACE = 2**63
-_OPTIONAL = ("seed", "logprobs", "prompt_logprobs")  # None: no seed, no logprobs
 
 
 class SamplingParamError(ValueError):
@@ -30,43 +48,78 @@ def _check(valid: bool, field: str, requirement: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    n: int = 1  # completions of the prompt: one engine request each (output_processor.fan_out)
-    max_tokens: int = 16  # 0: compute the prompt only (for its prompt_logprobs), generate nothing
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    # vLLM's: tokens less likely than min_p times the most likely one are left out (after temperature)
-    min_p: float = 0.0
-    seed: int | None = None
-    # Text that ends the output (the output processor's, not the engine's). The output's text stops
-    # before it, and before the text of the stop token that ended the output, unless
-    # include_stop_str_in_output. Stop strings count only from min_tokens tokens on.
-    stop: str | tuple[str, ...] | list[str] | None = None
-    include_stop_str_in_output: bool = False
-    # vLLM's: leave control tokens' text (<|im_end|>, [TOOL_CALLS], ...) out of the output's text
-    skip_special_tokens: bool = True
-    stop_token_ids: tuple[int, ...] | list[int] | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
-    # logprob of every prompt token after the first, with this many most likely alternatives
-    prompt_logprobs: int | None = None
-    # OpenAI's: minus presence_penalty for every token generated so far, minus frequency_penalty times
-    # its count; vLLM's repetition_penalty divides positive (multiplies negative) logits of every
-    # token of the prompt and output; logit_bias adds to a token's logit. All before temperature.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict[int, float] | None = None
-    # constrain the output to a JSON schema, any JSON object, a regex, a choice or a grammar
-    structured_outputs: StructuredOutputs | None = None
-    # vLLM's: lower runs first under the engine's priority scheduling policy; only 0 under fcfs
-    priority: int = 0
+    """A request's sampling and stopping settings. Each field is declared here once: its type,
+    default and Setting (range, meaning, how an HTTP body carries it, whether the engine needs it).
+    The gateway's request bodies, the OpenAPI document and `ember generate`'s flags are made from
+    these declarations; the wire's SamplingOptions keeps its own (versioned) copy of the engine's
+    fields, which tests/core/test_sampling_settings.py holds to these."""
+
+    n: Annotated[int, Setting("completions of the prompt, one engine request each", N, engine=False)] = 1
+    max_tokens: Annotated[int, Setting(
+        "tokens to generate at most; 0: compute the prompt only (for its prompt_logprobs)", TOKEN_COUNT,
+    )] = 16
+    temperature: Annotated[float, Setting("divides the logits before sampling; 0: greedy", TEMPERATURE)] = 1.0
+    top_p: Annotated[float, Setting("sample from the most likely tokens whose probabilities sum to top_p", TOP_P)] = 1.0
+    top_k: Annotated[int, Setting("sample from the top_k most likely tokens", TOP_K)] = 0
+    min_p: Annotated[float, Setting(
+        "vLLM's: tokens less likely than min_p times the most likely one are left out (after temperature)", MIN_P,
+    )] = 0.0
+    seed: Annotated[int | None, Setting("seeds this request's sampling, whatever else the batch holds", SEED)] = None
+    # The output processor's, not the engine's: the output's text stops before it, and before the
+    # text of the stop token that ended the output, unless include_stop_str_in_output.
+    stop: Annotated[str | tuple[str, ...] | list[str] | None, Setting(
+        "text that ends the output, counted from min_tokens tokens on",
+        body_type=str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)], engine=False,
+    )] = None
+    include_stop_str_in_output: Annotated[bool, Setting(
+        "vLLM's: keep the stop string or stop token's text in the output", body="value", engine=False,
+    )] = False
+    skip_special_tokens: Annotated[bool, Setting(
+        "vLLM's: leave control tokens' text (<|im_end|>, [TOOL_CALLS], ...) out of the output's text",
+        body="value", engine=False,
+    )] = True
+    stop_token_ids: Annotated[tuple[int, ...] | list[int] | None, Setting(
+        "token ids that end the output, beside the model's end of sequence", body_type=list[TOKEN_ID.type],
+    )] = None
+    ignore_eos: Annotated[bool, Setting("go on past the end-of-sequence token", body="value")] = False
+    min_tokens: Annotated[int, Setting(
+        "tokens generated before a stop token or string may end the output", TOKEN_COUNT, body="value",
+    )] = 0
+    logprobs: Annotated[int | None, Setting(
+        "the sampled token's logprob, with this many most likely alternatives", LOGPROBS, body="mapped",
+    )] = None
+    prompt_logprobs: Annotated[int | None, Setting(
+        "the logprob of every prompt token after the first, with this many alternatives", LOGPROBS, body="mapped",
+    )] = None
+    # All before temperature: OpenAI's presence and frequency penalties, vLLM's repetition penalty
+    # (divides positive, multiplies negative logits of every token of the prompt and output) and the
+    # logit bias.
+    presence_penalty: Annotated[float, Setting(
+        "subtracted from the logit of every token generated so far", PENALTY,
+    )] = 0.0
+    frequency_penalty: Annotated[float, Setting(
+        "times a token's count so far, subtracted from its logit", PENALTY,
+    )] = 0.0
+    repetition_penalty: Annotated[float, Setting(
+        "vLLM's: divides the positive logits (multiplies the negative) of the prompt's and output's tokens",
+        REPETITION_PENALTY,
+    )] = 1.0
+    logit_bias: Annotated[dict[int, float] | None, Setting(
+        "token id -> a bias added to its logit", body="mapped",
+    )] = None
+    structured_outputs: Annotated[StructuredOutputs | None, Setting(
+        "constrain the output to a JSON schema, any JSON object, a regex, a choice or a grammar", body="mapped",
+    )] = None
+    priority: Annotated[int, Setting(
+        "vLLM's: lower runs first under the engine's priority scheduling policy; only 0 under fcfs", PRIORITY,
+        body="value",
+    )] = 0
 
     def __post_init__(self) -> None:
         for name, limit in FIELD_LIMITS.items():
             value = getattr(self, name)
-            _check((value is None and name in _OPTIONAL) or limit.allows(value), name, f"must be {limit.describe()}", value)
+            optional = SETTINGS[name].default is None  # None: no seed, no logprobs
+            _check((value is None and optional) or limit.allows(value), name, f"must be {limit.describe()}", value)
         _check(self.min_tokens <= self.max_tokens, "min_tokens", f"must be at most max_tokens ({self.max_tokens})", self.min_tokens)
         if self.top_k == -1:  # vLLM's "off", as 0
             object.__setattr__(self, "top_k", 0)
@@ -112,3 +165,28 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1 or self.top_p == 0
+
+
+@dataclass(frozen=True)
+class DeclaredSetting:
+    """A SamplingParams field as declared: its name, Python type, default and Setting."""
+
+    name: str
+    type: Any
+    default: Any
+    setting: Setting
+
+
+def _declared_settings() -> dict[str, DeclaredSetting]:
+    hints = get_type_hints(SamplingParams, include_extras=True)
+    declared = {}
+    for field in fields(SamplingParams):
+        python_type, setting = hints[field.name].__origin__, hints[field.name].__metadata__[0]
+        if field.default is MISSING or not isinstance(setting, Setting):
+            raise TypeError(f"SamplingParams.{field.name} needs a default and a Setting")
+        declared[field.name] = DeclaredSetting(field.name, python_type, field.default, setting)
+    return declared
+
+
+SETTINGS = _declared_settings()
+FIELD_LIMITS: dict[str, Limit] = {name: s.setting.limit for name, s in SETTINGS.items() if s.setting.limit is not None}

@@ -9,20 +9,21 @@ import sys
 from collections.abc import Callable
 
 from ember_bench.cli import add_bench_parser, run_bench
+from ember_cli.sampling_flags import add_sampling_arguments, sampling_params_from_args
 from ember_core.engine_args import add_engine_arguments, engine_kwargs_from_args
 from ember_core.log_level import add_log_level_argument, configure_logging
 
 
 def _generate(args: argparse.Namespace) -> None:
     from ember_core.llm import LLM
-    from ember_core.sampling_params import SamplingParams
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    params = sampling_params_from_args(args)
     llm = LLM(**engine_kwargs_from_args(args))
     if llm.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer files, and ember generate takes text prompts")
     for output in llm.generate(args.prompt, params):
-        print(output.prompt + output.text if args.echo else output.text, flush=True)
+        for completion in output.outputs:  # n of them
+            print(output.prompt + completion.text if args.echo else completion.text, flush=True)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], None]]]:
@@ -33,10 +34,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argpars
     gen = sub.add_parser("generate", help="complete prompts with the offline engine")
     add_engine_arguments(gen)
     gen.add_argument("prompt", nargs="+")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    add_sampling_arguments(gen)
     gen.add_argument("--echo", action="store_true", help="print the prompt before its completion")
     add_log_level_argument(gen, default=argparse.SUPPRESS)  # as `ember --log-level L generate`
     add_bench_parser(sub)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ember_core import sampling_limits
 from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
-from ember_core.sampling_params import SamplingParamError, SamplingParams
+from ember_core.sampling_params import FIELD_LIMITS, SamplingParamError, SamplingParams
 from ember_core.tokenizer import Tokenizer
 from ember_gateway.api.request_bodies import CompletionRequest
 from ember_proto import FinishReason, RequestDelta
@@ -57,9 +56,9 @@ def test_stop_strings_count_from_min_tokens_and_a_stop_token_leaves_no_text(toke
     assert (result.text, result.token_ids[-1], result.finish_reason) == ("xxa", EOS, FinishReason.STOP)
 
 
-@pytest.mark.parametrize("field", sorted(sampling_limits.FIELD_LIMITS))
+@pytest.mark.parametrize("field", sorted(FIELD_LIMITS))
 def test_the_gateway_schema_and_sampling_params_accept_the_same_range(field: str) -> None:
-    limit = sampling_limits.FIELD_LIMITS[field]
+    limit = FIELD_LIMITS[field]
     bounds = [bound for bound in (limit.ge, limit.gt, limit.le) if bound is not None]
     step = 1 if limit.kind is int else 1e-3
     candidates = [limit.kind(bound + offset) for bound in bounds for offset in (-step, 0, step)]

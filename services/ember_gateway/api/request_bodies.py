@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from ember_core import sampling_limits as limits
+from ember_core.sampling_params import SETTINGS, DeclaredSetting
 from ember_gateway.edge.errors import ApiError
 
 Body = TypeVar("Body", bound=msgspec.Struct)
@@ -26,33 +27,13 @@ class StreamOptions(msgspec.Struct):
     include_usage: bool = False
 
 
-class GenerationRequest(msgspec.Struct, kw_only=True):
-    """Fields shared by completions and chat completions; None means "not given"."""
-
+class _GenerationFields(msgspec.Struct, kw_only=True):
     model: str
-    # Ranges: ember_core.sampling_limits, which SamplingParams checks too.
-    max_tokens: limits.TOKEN_COUNT.type | None = None  # 0 only with echo: score the prompt
-    temperature: limits.TEMPERATURE.type | None = None
-    top_p: limits.TOP_P.type | None = None
-    top_k: limits.TOP_K.type | None = None  # extension; 0 and -1 mean off
-    min_p: limits.MIN_P.type | None = None  # extension (vLLM's); 0 means off
-    n: limits.N.type | None = None
-    stop: str | Annotated[list[str], Meta(max_length=limits.MAX_STOP_STRINGS)] | None = None
-    seed: limits.SEED.type | None = None  # any int64, as vLLM
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     # extensions
-    ignore_eos: bool = False
-    min_tokens: limits.TOKEN_COUNT.type = 0
-    stop_token_ids: list[limits.TOKEN_ID.type] | None = None
-    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string or stop token's text
-    skip_special_tokens: bool = True  # vLLM's: control tokens' text left out of the output
     return_token_ids: bool = False  # add the generated token ids to each choice (as vLLM does)
-    presence_penalty: limits.PENALTY.type | None = None
-    frequency_penalty: limits.PENALTY.type | None = None
-    repetition_penalty: limits.REPETITION_PENALTY.type | None = None  # vLLM extension
     logit_bias: dict[str, limits.LOGIT_BIAS.type] | None = None  # token id (as a string) -> bias
-    priority: limits.PRIORITY.type = 0  # vLLM's: lower runs first; the engine's --scheduling-policy priority
     # output constraints: constraints.py
     response_format: dict[str, Any] | None = None
     structured_outputs: Any = None
@@ -71,7 +52,24 @@ class GenerationRequest(msgspec.Struct, kw_only=True):
     truncate_prompt_tokens: Any = None
 
 
-class CompletionRequest(GenerationRequest, kw_only=True):
+def _sampling_field(declared: DeclaredSetting) -> tuple[str, Any, Any]:
+    setting = declared.setting
+    kind = setting.body_type or (setting.limit.type if setting.limit else declared.type)
+    kind = Annotated[kind, Meta(description=setting.meaning)]
+    if setting.body == "nullable":
+        return declared.name, kind | None, None
+    return declared.name, kind, declared.default
+
+
+# Fields shared by completions and chat completions: the sampling settings a body carries, made
+# from SamplingParams' declarations (null: not given), and the fields above. max_tokens null: as
+# many as the context leaves; 0 only with echo, to score the prompt (`reject_unsupported_values`).
+GenerationRequest = msgspec.defstruct(
+    "GenerationRequest",
+    [_sampling_field(declared) for declared in SETTINGS.values() if declared.setting.body != "mapped"],
+    bases=(_GenerationFields,), kw_only=True, module=__name__,
+)  # fmt: skip
+class CompletionRequest(GenerationRequest, kw_only=True):  # type: ignore[valid-type, misc]
     # a string, strings, token ids, or lists of token ids; mixing kinds is rejected after decoding
     prompt: str | list[str | int | list[int]]
     logprobs: limits.LOGPROBS.type | None = None
@@ -99,7 +97,7 @@ class ChatMessage(msgspec.Struct):
     tool_call_id: str | None = None  # a tool message's answer to
 
 
-class ChatCompletionRequest(GenerationRequest, kw_only=True):
+class ChatCompletionRequest(GenerationRequest, kw_only=True):  # type: ignore[valid-type, misc]
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     logprobs: bool | None = None

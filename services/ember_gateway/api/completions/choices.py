@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from ember_core.output_processor import ChoiceRequest, fan_out
-from ember_core.sampling_params import SamplingParamError, SamplingParams
+from ember_core.sampling_params import SETTINGS, SamplingParamError, SamplingParams
 from ember_gateway.api.completions.constraints import structured_outputs_of
 from ember_gateway.api.request_bodies import GenerationRequest
 from ember_gateway.edge.errors import ApiError
@@ -64,6 +64,10 @@ def check_prompt(prompt: list[int], model: ServedModel, param: str) -> None:
     _check_tokenizer_has(prompt, model, param)
 
 
+# The settings a body carries under their own names (request_bodies.GenerationRequest)
+BODY_SETTINGS = [name for name, declared in SETTINGS.items() if declared.setting.body != "mapped"]
+
+
 def _sampling_params(
     body: GenerationRequest,
     max_tokens: int,
@@ -73,30 +77,18 @@ def _sampling_params(
     structured_outputs: StructuredOutputs | None,
     skip_special_tokens: bool,
 ) -> SamplingParams:
-    """The request's fields, OpenAI's defaults where it left them out."""
-    return SamplingParams(
-        n=body.n or 1,
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        seed=body.seed,
-        priority=body.priority,
-        stop=body.stop,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=skip_special_tokens,
-        stop_token_ids=body.stop_token_ids,
-        ignore_eos=body.ignore_eos,
-        min_tokens=body.min_tokens,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-        logit_bias=logit_bias,
-        structured_outputs=structured_outputs,
-    )
+    """The request's settings, SamplingParams' defaults where it left them out (null), and the
+    settings each endpoint maps itself."""
+    given = {name: value for name in BODY_SETTINGS if (value := getattr(body, name)) is not None}
+    return SamplingParams(**{
+        **given,
+        "max_tokens": max_tokens,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
+        "logit_bias": logit_bias,
+        "structured_outputs": structured_outputs,
+        "skip_special_tokens": skip_special_tokens,
+    })
 
 
 def _logit_bias(biases: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
