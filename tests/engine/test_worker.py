@@ -312,9 +312,11 @@ def test_heartbeats_keep_flowing_during_a_step_longer_than_the_interval(gpt2_dir
 
 def test_block_maps_go_only_to_a_gateway_watching_and_show_a_request_holding_blocks(engine, context) -> None:
     watcher, bystander = Client(context, engine[0]), Client(context, engine[0])
-    watcher.send(WatchBlocks(30))
-    # Long enough to span several maps (4 a second): 60 tokens could finish between two of them.
+    # The request first, then the watch: the engine's first map, sent as soon as one watches, finds it
+    # running. A watch first could put its first map before the request arrives, and the next one a
+    # quarter second later after the request's 200 tokens (a few ms a step) are done.
     watcher.generate("held", list(range(1, 30)), max_tokens=200, temperature=0, ignore_eos=True)
+    watcher.send(WatchBlocks(30))
     block_maps = []
     while not any("held" in m.running for m in block_maps):
         block_maps.append(watcher.expect(BlockMap, timeout=10))
@@ -325,8 +327,10 @@ def test_block_maps_go_only_to_a_gateway_watching_and_show_a_request_holding_blo
     assert holders.count(BLOCK_HELD + index) >= 29 // 4  # block size 4: the prompt's blocks at least
     watcher.collect({"held"})
     idle = watcher.expect(BlockMap, timeout=10)
+    block_maps.append(idle)
     while idle.running:
         idle = watcher.expect(BlockMap, timeout=10)
+        block_maps.append(idle)
     assert all(value < BLOCK_HELD for value in array.array("H", idle.holders))
     samples = [sample for m in block_maps for sample in m.steps]
     assert any(s.num_prefill_tokens for s in samples) and any(s.num_decode_tokens for s in samples)
