@@ -143,7 +143,7 @@ def test_template_errors_are_value_errors(template: str, message: str) -> None:
         render_chat(template, [{"role": "tool", "content": "x"}])
 
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 
 
 @functools.cache

@@ -17,9 +17,9 @@ from transformers.tokenization_utils_base import generate_merges
 
 from ember_core.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf
 from ember_core.tokenizer.gguf_sentencepiece import merges_by_priority
-from tests.core.sentencepiece_models import model_proto, trained_model
-from tests.core.test_tokenizer_gguf import Field, Reader
-from tests.core.test_tokenizer_sentencepiece import TEXTS, assert_ids_match, id_sequences
+from tests.core.tokenizer.sentencepiece_models import model_proto, trained_model
+from tests.core.tokenizer.test_tokenizer_gguf import Field, Reader
+from tests.core.tokenizer.test_tokenizer_sentencepiece import TEXTS, assert_ids_match, id_sequences
 
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as HfTokenizer
 
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 from ember_core.tokenizer.pretokenizers import GGUF_PRE_ADDS_BOS, GGUF_PRE_PATTERNS, gguf_pre_pattern, hf_pre_pattern
-from tests.core.tokenizer_texts import NUM_TEXTS, varied_texts
+from tests.core.tokenizer.tokenizer_texts import NUM_TEXTS, varied_texts
 
 TEXTS = varied_texts(NUM_TEXTS, seed=0)
 

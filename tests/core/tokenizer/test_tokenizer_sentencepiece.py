@@ -22,8 +22,8 @@ from transformers import AutoTokenizer, GemmaTokenizer, LlamaTokenizer, PreTrain
 from ember_core.structured_outputs import ConstraintCompiler
 from ember_core.tokenizer import IncrementalDetokenizer, OutputText, Tokenizer, TokenizerSpec, load_hf_tokenizer
 from ember_proto import StructuredOutputs
-from tests.core.sentencepiece_models import trained_model
-from tests.core.tokenizer_texts import varied_texts
+from tests.core.tokenizer.sentencepiece_models import trained_model
+from tests.core.tokenizer.tokenizer_texts import varied_texts
 
 LLAMA2_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
