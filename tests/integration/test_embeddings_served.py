@@ -18,7 +18,7 @@ import openai
 import pytest
 import torch
 
-from tests.core.test_embeddings import write_sentence_transformers_files
+from tests.core.engine.test_embeddings import write_sentence_transformers_files
 from tests.gateway.test_openai_conformance import openai_errors
 from tests.processes import served
 

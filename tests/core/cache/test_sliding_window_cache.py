@@ -17,7 +17,7 @@ from ember_core.cache.cache_hit import longest_cache_hit
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import FinishReason, Sequence
 from ember_core.sampling_params import SamplingParams
-from tests.core.test_scheduler import make_scheduler, make_seq
+from tests.core.engine.test_scheduler import make_scheduler, make_seq
 
 
 def hashes_of(tokens: list[int], block_size: int) -> list[bytes]:
@@ -101,7 +101,7 @@ class KVSlots:
 
 
 def advance(s: Scheduler, out: SchedulerOutput) -> None:
-    """What the engine does after the model ran (as tests/core/test_scheduler.run_step)."""
+    """What the engine does after the model ran (as tests/core/engine/test_scheduler.run_step)."""
     for seq, n in zip(out.seqs, out.num_scheduled_tokens):
         seq.num_computed_tokens += n
         s.cache_computed_blocks(seq)
