@@ -9,7 +9,7 @@ import torch
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.kv_quant import dequantize, quantize, rotate
-from tests.core.test_kernels import Case, make_case, reference, run_kernel, windowed_reference, with_changes
+from tests.core.kernels.test_kernels import Case, make_case, reference, run_kernel, windowed_reference, with_changes
 
 QUANTIZED = [torch.int8, torch.float8_e4m3fn]
 IDS = ["int8", "e4m3"]

@@ -24,7 +24,7 @@ from tests.families import FAMILIES, write_checkpoint
 pytestmark = pytest.mark.usefixtures("kernel")
 
 BLOCK_SIZE = 4
-KQUANTS = Path(__file__).parent / "data" / "kquants"
+KQUANTS = Path(__file__).parents[1] / "data" / "kquants"
 CONTEXT_LENGTHS = (1, 5, 13, 30)  # tokens before the decode: one to several blocks each, past the windows
 
 
