@@ -19,7 +19,7 @@ from ember_core.loaders import load_model
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.core.kernels.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, tiny_model
-from tests.core.test_linear import _blocks
+from tests.core.layers.test_linear import _blocks
 from tests.core.test_llama_hf import CASES, VOCAB, _hf_model
 from tests.families import FAMILIES
 

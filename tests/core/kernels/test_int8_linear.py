@@ -20,7 +20,7 @@ from ember_core.layers.linear import (
     StackedBlockLinear,
     kernel_operands,
 )
-from tests.core.test_linear import Q, _blocks
+from tests.core.layers.test_linear import Q, _blocks
 
 QUANTIZED_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 # One row, a few rows expanded as they are read, and more rows than a tile's register rows (a
