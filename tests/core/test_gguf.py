@@ -26,7 +26,7 @@ from ember_core.runner.model_runner import ModelRunner
 from ember_core.tokenizer import Tokenizer
 from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from tests.core.layers.test_linear import RANDOM_BLOCK_HALF_OFFSETS, random_blocks
-from tests.core.test_llama_hf import LLAMA3_ROPE
+from tests.core.models.test_llama_hf import LLAMA3_ROPE
 from tests.reference import ember_prompt_logits, reference_logits
 
 CPU = torch.device("cpu")

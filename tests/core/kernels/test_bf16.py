@@ -20,7 +20,7 @@ from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.core.kernels.test_decoder_layer import BLOCK_SIZE, _assert_fused_layers_match_modules, tiny_model
 from tests.core.layers.test_linear import _blocks
-from tests.core.test_llama_hf import CASES, VOCAB, _hf_model
+from tests.core.models.test_llama_hf import CASES, VOCAB, _hf_model
 from tests.families import FAMILIES
 
 pytestmark = pytest.mark.usefixtures("kernel")
