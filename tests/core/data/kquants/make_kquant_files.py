@@ -1,4 +1,4 @@
-"""Writes the K-quant GGUF files of tests/core/test_kquant_files.py: small random checkpoints of three
+"""Writes the K-quant GGUF files of tests/core/loaders/test_kquant_files.py: small random checkpoints of three
 families (tests/families.py), converted to F32 GGUF (ember_bench.gguf_export) and quantized by
 llama.cpp's own `llama-quantize` to its Q4_K_M, Q5_K_M and Q3_K_M mixes, so the tests read the type
 mix real files have: Q4_K/Q5_K/Q3_K beside Q6_K in the layers llama.cpp gives more bits, and where a

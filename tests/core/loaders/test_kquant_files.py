@@ -15,10 +15,10 @@ from ember_core import LLM, SamplingParams
 from ember_core.layers.linear import StackedBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from tests.core.data.kquants.make_kquant_files import COMMON, SHAPES
-from tests.core.test_families_gguf import _greedy, _with_weights_of
+from tests.core.loaders.test_families_gguf import _greedy, _with_weights_of
 from tests.families import VOCAB, hf_model
 
-KQUANTS = Path(__file__).parent / "data" / "kquants"
+KQUANTS = Path(__file__).parents[1] / "data" / "kquants"
 FILES = sorted(KQUANTS.glob("*.gguf"))
 PROMPT_LENGTHS = (1, 7, 129, 300, 2000)
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
