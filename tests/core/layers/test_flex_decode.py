@@ -11,7 +11,7 @@ from ember_core.layers.attention import PagedAttention, decode_key_mask, gathere
 from ember_core.layers.flex_decode import decode_block_mask, flex_decode_attention, padded_rows
 from ember_core.runner import decode_attention
 from ember_core.runner.decode_attention import choose_decode_attention
-from tests.core.test_invariance import GREEDY, PROMPTS, make_llm
+from tests.core.package.test_invariance import GREEDY, PROMPTS, make_llm
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 40

@@ -17,7 +17,7 @@ from ember_core.speculative_config import SpeculativeConfig
 from tests.conftest import assert_pool_free, write_gpt2_checkpoint
 from tests.families import VOCAB, write_checkpoint
 
-KQUANTS = Path(__file__).parent / "data" / "kquants"
+KQUANTS = Path(__file__).parents[1] / "data" / "kquants"
 PARAMS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=3)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, seed=11, max_tokens=10, ignore_eos=True, logprobs=2)
 # Drafts at every step (disable_by_batch_size above the batch): every decode verifies some.

@@ -18,7 +18,7 @@ from ember_core.loaders.load import load_model
 from ember_core.numerics import resolve_numerics
 from tests.families import token_prompts, write_checkpoint
 
-KQUANTS = Path(__file__).parent / "data" / "kquants"
+KQUANTS = Path(__file__).parents[1] / "data" / "kquants"
 CPU = torch.device("cpu")
 
 

@@ -9,7 +9,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Where the packages live, and the files under them that are not shipped.
 PACKAGE_ROOTS = [ROOT / "ember_core", *sorted((ROOT / "services").glob("ember_*")), ROOT / "proto" / "ember_proto"]
 NOT_SHIPPED = {"README.md", "__pycache__"}

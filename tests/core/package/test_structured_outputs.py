@@ -101,7 +101,7 @@ def test_an_invalid_constraint_names_its_field(constraint: StructuredOutputs, fi
         SamplingParams(structured_outputs=constraint)
 
 
-SCHEMAS = json.loads((Path(__file__).parent / "data" / "json_schemas.json").read_text())
+SCHEMAS = json.loads((Path(__file__).parents[1] / "data" / "json_schemas.json").read_text())
 
 
 @pytest.fixture(scope="module")
