@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from ember_bench.families import FAMILIES
 from ember_bench.gguf_export import FILE_TYPES, export_gguf
 from ember_bench.llama_server import LlamaServer
-from ember_bench.random_models import RANDOM_FAMILIES, random_checkpoint
+from ember_bench.random_models import random_checkpoint
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Check:
 _WINDOW = {"sliding_window": 8}  # shorter than prompt + output: sliding-window attention is covered
 # name -> the checkpoint it runs: every family, and the RoPE scalings that take GGUF keys or tensors
 CHECKS: dict[str, Check] = {
-    **{family: Check(family) for family in RANDOM_FAMILIES},
+    **{family: Check(family) for family in FAMILIES},
     "gemma2": Check("gemma2", _WINDOW),
     "gemma3": Check("gemma3", _WINDOW),
     "llama-rope-llama3": Check("llama", {"rope_parameters": {

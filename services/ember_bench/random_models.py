@@ -10,70 +10,13 @@ uniform within 0.5 of their identity value.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ember_bench.random_tokenizers import CHAT_TOKENS, SpecialTokens, TokenizerStyle, write_tokenizer
-
-_TINY_DECODER: dict[str, Any] = {
-    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-}
-_TINY_WITH_HEAD_DIM = {**_TINY_DECODER, "head_dim": 16}  # configs whose head_dim default is not hidden / heads
-_TINY_GEMMA = {**_TINY_WITH_HEAD_DIM, "query_pre_attn_scalar": 16, "sliding_window": 16}  # llama.cpp scales by head_dim
-# 8 experts of 64 (the expert size where config.json names it intermediate_size), top-2.
-_TINY_MOE = {**_TINY_DECODER, "intermediate_size": 64, "num_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2}
-_SPM_SPECIALS = SpecialTokens(bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
-_GEMMA_SPECIALS = SpecialTokens(bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>", add_bos=True)
-_QWEN_SPECIALS = SpecialTokens(bos=None, eos="<|im_end|>", pad="<|endoftext|>")
-
-
-@dataclass(frozen=True)
-class RandomFamily:
-    model_class: str  # in transformers
-    config_class: str
-    tokenizer: TokenizerStyle
-    specials: SpecialTokens
-    tiny: dict[str, Any] = field(default_factory=lambda: dict(_TINY_DECODER))
-    zero_centered_norms: bool = False  # Gemma's RMSNorm scales by (1 + w)
-    embeddings_times_sqrt_hidden: bool = False  # Gemma scales its input embeddings up
-
-
-RANDOM_FAMILIES: dict[str, RandomFamily] = {
-    "llama": RandomFamily("LlamaForCausalLM", "LlamaConfig", "llama3",
-                          SpecialTokens(bos="<|begin_of_text|>", eos="<|end_of_text|>", add_bos=True)),
-    "mistral": RandomFamily("MistralForCausalLM", "MistralConfig", "sentencepiece", _SPM_SPECIALS),
-    "qwen2": RandomFamily("Qwen2ForCausalLM", "Qwen2Config", "qwen2", _QWEN_SPECIALS,
-                          {**_TINY_DECODER, "tie_word_embeddings": True}),
-    "qwen3": RandomFamily("Qwen3ForCausalLM", "Qwen3Config", "qwen2", _QWEN_SPECIALS,
-                          {**_TINY_WITH_HEAD_DIM, "tie_word_embeddings": True}),
-    "gemma2": RandomFamily("Gemma2ForCausalLM", "Gemma2Config", "sentencepiece_no_prefix", _GEMMA_SPECIALS,
-                           dict(_TINY_GEMMA), zero_centered_norms=True, embeddings_times_sqrt_hidden=True),
-    "gemma3": RandomFamily("Gemma3ForCausalLM", "Gemma3TextConfig", "sentencepiece_no_prefix", _GEMMA_SPECIALS,
-                           {**_TINY_GEMMA, "num_hidden_layers": 6},  # layer 5 is global
-                           zero_centered_norms=True, embeddings_times_sqrt_hidden=True),
-    "phi3": RandomFamily("Phi3ForCausalLM", "Phi3Config", "sentencepiece",
-                         SpecialTokens(bos="<s>", eos="<|endoftext|>", unk="<unk>", add_bos=True, others=("</s>",),
-                                       rstrip=("</s>", *CHAT_TOKENS)),  # as Phi-3's, which llama.cpp expects
-                         {**_TINY_DECODER, "original_max_position_embeddings": 256}),
-    "olmo2": RandomFamily("Olmo2ForCausalLM", "Olmo2Config", "gpt2",
-                          SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>")),
-    "mixtral": RandomFamily("MixtralForCausalLM", "MixtralConfig", "sentencepiece", _SPM_SPECIALS, dict(_TINY_MOE)),
-    "qwen2_moe": RandomFamily("Qwen2MoeForCausalLM", "Qwen2MoeConfig", "qwen2", _QWEN_SPECIALS,
-                              {**_TINY_MOE, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128}),
-    "qwen3_moe": RandomFamily("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "qwen2", _QWEN_SPECIALS,
-                              {**_TINY_MOE, "head_dim": 16, "moe_intermediate_size": 64, "norm_topk_prob": True}),
-    # As OLMoE's own: as many KV heads as query heads (llama.cpp sizes the k norm by the hidden size).
-    "olmoe": RandomFamily("OlmoeForCausalLM", "OlmoeConfig", "gpt2",
-                          SpecialTokens(bos=None, eos="<|endoftext|>", pad="<|pad|>"),
-                          {**_TINY_MOE, "num_key_value_heads": 4}),
-    "gpt2": RandomFamily("GPT2LMHeadModel", "GPT2Config", "gpt2",
-                         SpecialTokens(bos="<|endoftext|>", eos="<|endoftext|>"),
-                         {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}),
-}
+from ember_bench.families import FAMILIES
+from ember_bench.random_tokenizers import write_tokenizer
 
 _BENCH_QWEN3 = {
     "vocab_size": 32768, "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
@@ -102,9 +45,9 @@ def random_checkpoint(
 ) -> Path:
     """Write a random checkpoint of family to out_dir and return out_dir. The tiny default shape
     (or the preset's) is updated with config_overrides, e.g. num_hidden_layers=3, sliding_window=8."""
-    if family not in RANDOM_FAMILIES:
-        raise ValueError(f"unknown family {family!r}; known: {', '.join(RANDOM_FAMILIES)}")
-    spec = RANDOM_FAMILIES[family]
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    spec = FAMILIES[family]
     values = dict(spec.tiny)
     if preset is not None:
         if preset not in PRESETS:

@@ -12,41 +12,17 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
+from ember_bench.families import CHAT_TOKENS, SpecialTokens, TokenizerStyle
 from ember_bench.gguf_vocab import LLAMA3_SPLIT, QWEN2_SPLIT, SPM_SPACE
 from ember_bench.workload import WORDS
-
-TokenizerStyle = Literal["gpt2", "llama3", "qwen2", "sentencepiece", "sentencepiece_no_prefix"]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 _TRAINING_SENTENCES = 4000
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    bos: str | None
-    eos: str
-    unk: str | None = None
-    pad: str | None = None
-    add_bos: bool = False
-    others: tuple[str, ...] = ()  # further control tokens the family's vocabulary has
-    rstrip: tuple[str, ...] = ()  # tokens that swallow the whitespace after them (Phi-3's chat tokens)
-
-    def texts(self) -> list[str]:
-        named = [self.unk, self.bos, self.eos, self.pad, *self.others]
-        return list(dict.fromkeys(text for text in [*named, *CHAT_TOKENS] if text is not None))
-
-    def added_tokens(self) -> list:
-        from tokenizers import AddedToken
-
-        return [AddedToken(text, special=True, normalized=False, rstrip=text in self.rstrip) for text in self.texts()]
 
 
 def training_sentences(seed: int) -> list[str]:
