@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ember_bench.families import FAMILIES
 from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, take
 from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 from ember_core.log_level import add_log_level_argument, configure_logging
@@ -163,9 +164,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     make_model = commands.add_parser(
         "make-model", help="a random-weight Hugging Face checkpoint of a model family, optionally also as GGUF files"
     )
-    make_model.add_argument("--family", required=True,
-                            help="llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, olmo2, mixtral, qwen2_moe, "
-                                 "qwen3_moe, olmoe or gpt2")
+    make_model.add_argument("--family", required=True, help=", ".join(FAMILIES))
     make_model.add_argument("--preset", help="a benchmark shape instead of the tiny default: qwen2.5-0.5b, "
                                              "qwen3-moe-bench or qwen3-dense-bench")
     make_model.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
@@ -181,8 +180,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     families = commands.add_parser(
         "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
     )
-    families.add_argument("--families", default="llama,qwen2,qwen3,mistral,gemma2,gemma3,phi3,olmo2", metavar="F1,F2,...",
-                          help="the first is the baseline")
+    dense_decoders = ",".join(name for name, family in FAMILIES.items() if family.decoder and not family.moe)
+    families.add_argument("--families", default=dense_decoders, metavar="F1,F2,...", help="the first is the baseline")
     families.add_argument("--type", default="Q8_0", metavar="TYPE", help="the GGUF type the models are written in")
     families.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     families.add_argument("--batch", type=int, default=16, help="sequences decoding together")

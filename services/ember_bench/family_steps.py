@@ -21,7 +21,6 @@ from ember_core.loaders import LoadedModel, load_model
 from ember_core.loaders.materialize import DtypeChoice
 from ember_core.sampling_params import SamplingParams
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "olmo2")
 # One shape for all: Qwen2.5-0.5B's layer (hidden 896, 14 query and 2 KV heads of 64, MLP 4864) with
 # fewer layers and a 32k vocabulary, so the layers, not the head, make the step.
 SHAPE: dict[str, Any] = {

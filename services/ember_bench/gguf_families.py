@@ -17,6 +17,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from ember_bench.families import FAMILIES
+
 Config = dict[str, Any]
 
 
@@ -237,29 +239,31 @@ def _gpt2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
 
 _LLAMA = GGUFFamily(gguf.MODEL_ARCH.LLAMA, _llama_hparams, permute_qk=True, extra_tensors=_llama3_rope_freqs)
 
-# config.json `architectures[0]` -> how its GGUF is written
-FAMILIES: dict[str, GGUFFamily] = {
-    "LlamaForCausalLM": _LLAMA,
-    "MistralForCausalLM": _LLAMA,  # llama.cpp has no sliding window for the llama architecture
-    "Qwen2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN2, _decoder_hparams),
-    "Qwen3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN3, _decoder_hparams),
-    "Olmo2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.OLMO2, _decoder_hparams),
-    "MixtralForCausalLM": GGUFFamily(gguf.MODEL_ARCH.LLAMA, _mixtral_hparams, permute_qk=True),
-    "Qwen2MoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN2MOE, _moe_hparams),
-    "Qwen3MoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.QWEN3MOE, _moe_hparams),
-    "OlmoeForCausalLM": GGUFFamily(gguf.MODEL_ARCH.OLMOE, _moe_hparams),
-    "Gemma2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA2, _gemma2_hparams, norm_shift=1.0, output_must_be_tied=True),
-    "Gemma3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.GEMMA3, _gemma3_hparams, norm_shift=1.0),
-    "Phi3ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),
-    "GPT2LMHeadModel": GGUFFamily(gguf.MODEL_ARCH.GPT2, _gpt2_hparams, conv1d_weights=True),
+# family (ember_bench.families) -> how its GGUF is written
+GGUF_FAMILIES: dict[str, GGUFFamily] = {
+    "llama": _LLAMA,
+    "mistral": _LLAMA,  # llama.cpp has no sliding window for the llama architecture
+    "qwen2": GGUFFamily(gguf.MODEL_ARCH.QWEN2, _decoder_hparams),
+    "qwen3": GGUFFamily(gguf.MODEL_ARCH.QWEN3, _decoder_hparams),
+    "olmo2": GGUFFamily(gguf.MODEL_ARCH.OLMO2, _decoder_hparams),
+    "mixtral": GGUFFamily(gguf.MODEL_ARCH.LLAMA, _mixtral_hparams, permute_qk=True),
+    "qwen2_moe": GGUFFamily(gguf.MODEL_ARCH.QWEN2MOE, _moe_hparams),
+    "qwen3_moe": GGUFFamily(gguf.MODEL_ARCH.QWEN3MOE, _moe_hparams),
+    "olmoe": GGUFFamily(gguf.MODEL_ARCH.OLMOE, _moe_hparams),
+    "gemma2": GGUFFamily(gguf.MODEL_ARCH.GEMMA2, _gemma2_hparams, norm_shift=1.0, output_must_be_tied=True),
+    "gemma3": GGUFFamily(gguf.MODEL_ARCH.GEMMA3, _gemma3_hparams, norm_shift=1.0),
+    "phi3": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),
+    "gpt2": GGUFFamily(gguf.MODEL_ARCH.GPT2, _gpt2_hparams, conv1d_weights=True),
 }
+# config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written
+_BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()}
 
 
 def family_of(config: Config) -> GGUFFamily:
     architectures = config.get("architectures") or []
-    if not architectures or architectures[0] not in FAMILIES:
+    if not architectures or architectures[0] not in _BY_ARCHITECTURE:
         raise ValueError(
             f"cannot export architecture {architectures[0] if architectures else None!r} to GGUF; "
-            f"supported: {', '.join(FAMILIES)}"
+            f"supported: {', '.join(_BY_ARCHITECTURE)}"
         )
-    return FAMILIES[architectures[0]]
+    return _BY_ARCHITECTURE[architectures[0]]
