@@ -52,7 +52,7 @@ class SamplingParams:
     default and Setting (range, meaning, how an HTTP body carries it, whether the engine needs it).
     The gateway's request bodies, the OpenAPI document and `ember generate`'s flags are made from
     these declarations; the wire's SamplingOptions keeps its own (versioned) copy of the engine's
-    fields, which tests/core/test_sampling_settings.py holds to these."""
+    fields, which tests/core/package/test_sampling_settings.py holds to these."""
 
     n: Annotated[int, Setting("completions of the prompt, one engine request each", N, engine=False)] = 1
     max_tokens: Annotated[int, Setting(
