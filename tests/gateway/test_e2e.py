@@ -17,8 +17,8 @@ import aiohttp
 import openai
 import pytest
 
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import parse_sse
-from tests.gateway.test_validation import assert_openai_error
 from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
 from tests.processes import (
     STARTUP_TIMEOUT_S,

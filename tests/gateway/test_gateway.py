@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from ember_proto import StructuredOutputs
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import Gateway, StartGateway, parse_sse, wait_until_async
 from tests.gateway.fake_engine import FakeEngine, byte_tokenizer_spec
-from tests.gateway.test_validation import assert_openai_error
 from tests.processes import free_port
 
 MODEL = "fake-model"

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.core.engine.test_embeddings import write_sentence_transformers_files
-from tests.gateway.test_openai_conformance import openai_errors
+from tests.gateway.api.test_openai_conformance import openai_errors
 from tests.processes import served
 
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,7 @@ aiohttp has one timer for all of this: its keep-alive deadline, which closes a c
 waiting for a request's headers (never one whose request is being handled, so streams are never
 cut). EdgeRequestHandler moves that deadline: the idle limit after a response, the header limit
 from a request's first byte. It relies on RequestHandler internals of aiohttp 3.11-3.14
-(tests/gateway/test_http_edge.py exercises each behaviour).
+(tests/gateway/edge/test_http_edge.py exercises each behaviour).
 """
 
 from __future__ import annotations

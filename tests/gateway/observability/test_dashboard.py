@@ -16,9 +16,9 @@ import pytest
 
 from ember_proto import BLOCK_HELD
 from tests.conftest import write_gpt2_checkpoint
+from tests.gateway.api.test_openapi import ember_errors
 from tests.gateway.conftest import Gateway, StartGateway, wait_until_async
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_openapi import ember_errors
 from tests.processes import engine_argv, free_port, spawned
 
 NUM_BLOCKS = 512

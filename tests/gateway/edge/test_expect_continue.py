@@ -8,10 +8,10 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.test_gateway import completion
-from tests.gateway.test_validation import assert_openai_error
 
 
 async def _send_head(gateway: Gateway, headers: dict[str, str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

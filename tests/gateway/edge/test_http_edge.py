@@ -12,9 +12,9 @@ import time
 
 import pytest
 
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import StartGateway, wait_until_async
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_validation import assert_openai_error
 
 LIMITS = {"header_timeout": 1.0, "body_timeout": 1.0, "keepalive_timeout": 1.5}
 BODY = json.dumps({"model": "fake-model", "prompt": "hello", "max_tokens": 3}).encode()

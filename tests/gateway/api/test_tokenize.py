@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import Gateway
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_validation import assert_openai_error
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 

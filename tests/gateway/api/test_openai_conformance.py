@@ -15,11 +15,11 @@ from jsonschema import Draft202012Validator
 from ember_core import SamplingParams
 from ember_core.runner.inputs import SamplingRequest
 from ember_core.runner.sampler import sample
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.gateway.fake_engine import FakeEngine
-from tests.gateway.test_validation import assert_openai_error
 
-OPENAI = json.loads((Path(__file__).parent / "data" / "openai_openapi_subset.json").read_text())
+OPENAI = json.loads((Path(__file__).parents[1] / "data" / "openai_openapi_subset.json").read_text())
 MODEL = "fake-model"
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}

@@ -11,11 +11,11 @@ import pytest
 
 from ember_gateway.api.responses.objects import ResponseEvent
 from ember_proto import StructuredOutputs
+from tests.gateway.api.test_openai_conformance import openai_errors
+from tests.gateway.api.test_openapi import ember_errors
+from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import Gateway, ReplyingEngine, StartGateway
 from tests.gateway.fake_engine import EOS, FakeEngine
-from tests.gateway.test_openai_conformance import openai_errors
-from tests.gateway.test_openapi import ember_errors
-from tests.gateway.test_validation import assert_openai_error
 
 MODEL = "fake-model"
 CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}

@@ -22,7 +22,7 @@ from ember_gateway.api.completions.tools import (
 )
 from tests.gateway.conftest import Gateway, StartGateway
 
-TEMPLATES = Path(__file__).parents[1] / "core" / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parents[2] / "core" / "data" / "chat_templates"
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",

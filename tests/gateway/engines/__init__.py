@@ -1,0 +1,1 @@
+"""The link to the engines (ember_gateway.engines): routing, migration, the pool."""

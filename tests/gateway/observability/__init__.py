@@ -1,0 +1,1 @@
+"""What operators see (ember_gateway.observability): the dashboard, traces."""
