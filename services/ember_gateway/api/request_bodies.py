@@ -69,7 +69,7 @@ GenerationRequest = msgspec.defstruct(
     [_sampling_field(declared) for declared in SETTINGS.values() if declared.setting.body != "mapped"],
     bases=(_GenerationFields,), kw_only=True, module=__name__,
 )  # fmt: skip
-class CompletionRequest(GenerationRequest, kw_only=True):  # type: ignore[valid-type, misc]
+class CompletionRequest(GenerationRequest, kw_only=True):
     # a string, strings, token ids, or lists of token ids; mixing kinds is rejected after decoding
     prompt: str | list[str | int | list[int]]
     logprobs: limits.LOGPROBS.type | None = None
@@ -97,7 +97,7 @@ class ChatMessage(msgspec.Struct):
     tool_call_id: str | None = None  # a tool message's answer to
 
 
-class ChatCompletionRequest(GenerationRequest, kw_only=True):  # type: ignore[valid-type, misc]
+class ChatCompletionRequest(GenerationRequest, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     logprobs: bool | None = None
