@@ -3,7 +3,7 @@ torch-free parts (tokenizer) can be imported by the gateway."""
 
 from typing import Any
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LoRARequest", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +15,10 @@ def __getattr__(name: str) -> Any:
         from ember_core.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "LoRARequest":
+        from ember_core.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "EngineConfig":
         from ember_core.config import EngineConfig
 

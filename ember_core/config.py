@@ -64,12 +64,17 @@ class EngineConfig:
     # dtype), "fast" (int8 activations times the weights' integers), "auto" (fast for a quantized
     # GGUF file on the CPU kernels, exact for float checkpoints).
     numerics: Numerics = "auto"
+    # LoRA adapters over the model (vLLM's --enable-lora, --max-loras, --max-lora-rank): slots for
+    # max_loras of them, each of rank max_lora_rank at most, in the attention and MLP linears.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
         if not self.model:
             raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from ember_core.config import DEFAULT_MODEL, EngineConfig
 from ember_core.engine.engine import Engine
+from ember_core.lora.request import LoRARequest
 from ember_core.output_processor import ChoiceResult, OutputProcessor, fan_out
 from ember_core.sampling_params import SamplingParams
 from ember_proto import EmbedOptions, EngineStats, TokenLogprob
@@ -99,8 +100,12 @@ class LLM:
         prompts: str | list[str] | list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        """lora_request: the LoRA adapter the prompts run with, or one per prompt (None: the base
+        model); loaded on first use (LLM(..., enable_lora=True))."""
         prompts = _prompt_list(prompts)
+        adapters = self._adapters(lora_request, len(prompts))
         params = params or SamplingParams()
         param_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
         if len(param_list) != len(prompts):
@@ -119,7 +124,7 @@ class LLM:
             for choice_id, choice in zip(choice_ids, choices):
                 # the prompt's logprobs once, with its first completion
                 params = choice.params if choice.index == 0 else replace(choice.params, prompt_logprobs=None)
-                self.engine.add_request(choice_id, choice.prompt_ids, params)
+                self.engine.add_request(choice_id, choice.prompt_ids, params, adapter=adapters[choice.prompt_index])
             show_progress = use_tqdm if use_tqdm is not None else len(choices) >= PROGRESS_BAR_MIN_PROMPTS
             self._run(processor, {choice_id: i for i, choice_id in enumerate(choice_ids)}, results, show_progress)
         except BaseException:
@@ -129,6 +134,17 @@ class LLM:
             request = requests[choice.prompt_index]
             _fill(request, request.outputs[choice.index], result)
         return requests
+
+    def _adapters(self, lora_request: LoRARequest | list[LoRARequest | None] | None, num_prompts: int) -> list[str]:
+        """Each prompt's adapter name ("": none), every adapter loaded."""
+        requests = list(lora_request) if isinstance(lora_request, SequenceABC) else [lora_request] * num_prompts
+        if len(requests) != num_prompts:
+            raise ValueError(f"got {len(requests)} LoRA requests for {num_prompts} prompts")
+        for request in dict.fromkeys(r for r in requests if r is not None):
+            adapters = self.engine.adapters
+            if adapters is None or request.lora_name not in adapters.names:
+                self.engine.add_adapter(request.lora_name, request.lora_path)
+        return [r.lora_name if r is not None else "" for r in requests]
 
     def embed(self, prompts: str | list[str] | list[list[int]], dimensions: int | None = None) -> list[EmbeddingRequestOutput]:
         """Each prompt's embedding, pooled as the model's files say (pooling.py); dimensions: truncate

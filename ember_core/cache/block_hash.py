@@ -7,20 +7,30 @@ import hashlib
 from array import array
 
 
+def hash_key(kv_cache_dtype: str, adapter: str = "") -> bytes:
+    """The first block's key: the cache's dtype, and the adapter the K/V were computed with (a LoRA
+    changes every layer's K and V, so no block is shared across adapters)."""
+    if not adapter:
+        return kv_cache_dtype.encode()
+    return hashlib.blake2b(f"{kv_cache_dtype}\0{adapter}".encode(), digest_size=16).digest()
+
+
 def extend_block_hashes(
-    hashes: list[bytes], token_ids: list[int], block_size: int, num_blocks: int, kv_cache_dtype: str = ""
+    hashes: list[bytes], token_ids: list[int], block_size: int, num_blocks: int, kv_cache_dtype: str = "",
+    adapter: str = "",
 ) -> None:
     """Append to `hashes` the hashes of full blocks len(hashes) to num_blocks - 1 of token_ids.
 
     Each hash covers its block's tokens and, through its parent's hash, every token before them.
     A 128-bit cryptographic hash: a crafted collision would hand one user's cached K/V to another.
     The first is keyed by the dtype of the cache that holds the blocks ("bfloat16", "int8", ...): a
-    block's K/V differ by dtype, so a gateway never takes one engine's blocks for another's.
+    block's K/V differ by dtype, so a gateway never takes one engine's blocks for another's; and by
+    the request's adapter, if any (hash_key).
     """
     while len(hashes) < num_blocks:
         start = len(hashes) * block_size
         block = array("q", token_ids[start : start + block_size]).tobytes()
-        key = hashes[-1] if hashes else kv_cache_dtype.encode()
+        key = hashes[-1] if hashes else hash_key(kv_cache_dtype, adapter)
         hashes.append(hashlib.blake2b(block, digest_size=16, key=key).digest())
 
 

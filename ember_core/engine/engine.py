@@ -27,6 +27,8 @@ from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
+from ember_core.lora.peft_files import read_peft_adapter
+from ember_core.lora.slots import AdapterSlots
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import SequenceChunk
@@ -90,6 +92,10 @@ class Engine:
             kv_cache_dtype=self.kv_cache_dtype,
         )
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
+        self.adapters: AdapterSlots | None = None
+        if config.enable_lora:
+            self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank)
+            self.runner.adapter_rows = self.adapters.rows
         self.stop_token_ids = self.loaded.stop_token_ids
         tokenizer = self.loaded.tokenizer
         self.intake = RequestIntake(
@@ -124,8 +130,10 @@ class Engine:
         arrival_time: float | None = None,
         output_token_ids: list[int] | tuple[int, ...] = (),
         embed: EmbedOptions | None = None,
+        adapter: str = "",
     ) -> None:
-        """output_token_ids: what the request already generated on an engine that was lost. It
+        """adapter: the name of a loaded LoRA adapter the request runs with (add_adapter).
+        output_token_ids: what the request already generated on an engine that was lost. It
         continues after them as if it had never stopped: they count toward max_tokens, min_tokens and
         the penalties, and a seeded request samples the same tokens it would have. params.priority:
         lower runs first under the priority scheduling policy; under fcfs only 0 is taken (as vLLM).
@@ -137,6 +145,10 @@ class Engine:
             next(self._seq_ids), request_id, prompt_token_ids, params, arrival_time or time.monotonic(),
             output_token_ids, embed,
         )
+        if adapter:
+            if self.adapters is None or adapter not in self.adapters.names:
+                raise RequestRejected(f"no LoRA adapter {adapter!r} is loaded")
+            seq.adapter, seq.adapter_slot = adapter, self.adapters.slot_of(adapter)
         try:
             self.scheduler.check_fits(seq)
         except ValueError as exc:
@@ -145,6 +157,23 @@ class Engine:
             seq.matcher = self.intake.matcher(params.structured_outputs, output_token_ids)
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA checkpoint (a directory or a Hub repo id) under name; ValueError, with
+        nothing loaded, when it cannot serve this model."""
+        if self.adapters is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
+        if name in self.adapters.names:
+            raise ValueError(f"a LoRA adapter named {name!r} is loaded already")
+        self.adapters.load(name, read_peft_adapter(path))
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload an adapter; ValueError while a request runs with it."""
+        if self.adapters is None or name not in self.adapters.names:
+            raise ValueError(f"no LoRA adapter {name!r} is loaded")
+        if any(seq.adapter == name for seq in self._sequences.values()):
+            raise ValueError(f"LoRA adapter {name!r} is in use by requests in flight")
+        self.adapters.unload(name)
 
     def abort(self, request_ids: list[str]) -> None:
         """Free the requests' blocks now; their final delta comes with the next step."""

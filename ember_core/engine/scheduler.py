@@ -338,7 +338,9 @@ class Scheduler:
     def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
         """The prefix hashes of seq's full blocks but the one holding its last token."""
         num_blocks = (seq.num_tokens - 1) // self.block_manager.block_size
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks, self.kv_cache_dtype)
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_blocks, self.kv_cache_dtype, seq.adapter
+        )
         return seq.block_hashes[:num_blocks]
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
@@ -346,7 +348,9 @@ class Scheduler:
         if not self._uses_prefix_cache(seq):
             return
         num_full = seq.num_computed_tokens // self.block_manager.block_size
-        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full, self.kv_cache_dtype)
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full, self.kv_cache_dtype, seq.adapter
+        )
         self.block_manager.offer_full_blocks(seq.seq_id, seq.block_hashes, num_full)
 
     def _preempt(self, seq: Sequence) -> None:

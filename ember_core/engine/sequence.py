@@ -46,6 +46,9 @@ class Sequence:
     pooling: Pooling | None = None
     embed_dimensions: int | None = None
     pooled: Any = None
+    # A LoRA adapter the request runs with: its name (which keys its prefix hashes) and slot
+    adapter: str = ""
+    adapter_slot: int = -1
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -47,6 +47,7 @@ def step_chunks(
                 scoring=_prompt_scoring(seq, start, num_tokens),
                 num_prompt_tokens=seq.num_prompt_tokens,
                 pooled_rows=pooled_rows(seq, start, num_tokens),
+                adapter_slot=seq.adapter_slot,
             )
         )
     return chunks

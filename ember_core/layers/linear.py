@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.lora import LoRALinear
 
 # The most rows the fused decoder layer (kernels/decoder_layer.cpp) takes in one call: decode steps
 # and short prompt chunks; longer ones run layer by layer through the same kernels.
@@ -149,7 +150,9 @@ PLAIN_WEIGHT_FORMAT = -1
 def kernel_operands(linear: nn.Module) -> tuple[list[torch.Tensor], torch.Tensor | None, list[int]] | None:
     """(weights or blocks, bias, format codes) of a linear, a weight and a code per part (several for
     a StackedBlockLinear), as cpu_ops.ops().decoder_layer_ takes it; None for a bfloat16 weight of
-    rows bf16_linear does not take."""
+    rows bf16_linear does not take. A LoRALinear gives its base's (the kernel runs steps with no adapter)."""
+    if isinstance(linear, LoRALinear):
+        return kernel_operands(linear.base)
     if isinstance(linear, StackedBlockLinear):
         return [part.blocks for part in linear.parts], linear.bias, [part.kernel_format for part in linear.parts]
     if isinstance(linear, GGUFBlockLinear):

@@ -81,6 +81,7 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
             meta.decodes_only_on_kernel
+            and not meta.adapters
             and hidden.dtype in (torch.float32, torch.bfloat16)
             and hidden.shape[0] <= SMALL_BATCH_ROWS
             and self.fused_operands is not None

@@ -43,6 +43,7 @@ class SequenceChunk:
     scoring: PromptScoring | None = None
     num_prompt_tokens: int = 0  # of the request (LongRoPE's table depends on it); 0: only positions decide
     pooled_rows: tuple[int, int] | None = None  # [first, end) rows of the chunk an embedding request sums
+    adapter_slot: int = -1  # the LoRA adapter its rows run with (lora/slots.py); -1: none
 
     @property
     def is_decode(self) -> bool:

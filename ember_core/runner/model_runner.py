@@ -14,6 +14,7 @@ from ember_core.layers.attention import AttentionMetadata, ForwardMetadata, Pref
 from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.kv_quant import cache_row
 from ember_core.layers.linear import use_small_batch_linears
+from ember_core.layers.lora import AdapterRows
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk
 from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
@@ -34,6 +35,7 @@ class ModelRunner:
     ) -> None:
         use_small_batch_linears(model)
         self.model = model
+        self.adapter_rows: AdapterRows | None = None  # with LoRA adapters: each row's (lora/slots.py)
         self.num_blocks = num_blocks
         self.block_size = block_size
         param = next(model.parameters())
@@ -90,6 +92,9 @@ class ModelRunner:
             prompt_lengths.extend([chunk.num_prompt_tokens] * len(chunk.token_ids))
         groups = [self._group_metadata(chunks, group, window) for group, window in enumerate(self.layout.group_windows)]
         meta = ForwardMetadata(groups=groups, prompt_lengths=self._tensor(prompt_lengths))
+        if self.adapter_rows is not None:
+            self.adapter_rows.set([c.adapter_slot for c in chunks for _ in c.token_ids], self.device)
+            meta.adapters = self.adapter_rows.active
         return self._tensor(token_ids), self._tensor(positions), meta
 
     def _group_metadata(self, chunks: list[SequenceChunk], group: int, window: int | None) -> AttentionMetadata:

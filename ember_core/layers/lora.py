@@ -1,0 +1,88 @@
+"""Low-rank adapters over a linear, a different one per row of the batch (S-LoRA and Punica's way):
+y = base(x) + scale_a * (x A_a^T) B_a^T for the adapter a of each row, and base(x) alone for a
+row of none.
+
+Every adapter a model holds has a slot: its A and B sit in slot-indexed stacks of the linear, zero
+past the adapter's rank, so loading one copies into them and nothing is reallocated. A fused linear
+(QKV, gate/up) keeps each part's A in its own band of the rank and its B in that band and the
+part's output rows, so one product serves the parts and a part no adapter targets adds zeros.
+
+The rows of each adapter present are gathered and multiplied on their own. On CPU in float32 the
+two products run on the small-batch kernel, whose sums for a row do not depend on the other rows,
+so an adapter's rows keep their bits whatever shares the step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember_core.kernels import cpu_ops
+
+
+class AdapterRows:
+    """The step's rows of each adapter, shared by every LoRALinear of a model: set by the runner
+    before the forward, from each row's slot (-1: no adapter)."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[int, torch.Tensor]] = []
+
+    def set(self, slots: list[int], device: torch.device) -> None:
+        by_slot: dict[int, list[int]] = {}
+        for row, slot in enumerate(slots):
+            if slot >= 0:
+                by_slot.setdefault(slot, []).append(row)
+        self.groups = [(slot, torch.tensor(rows, dtype=torch.long, device=device)) for slot, rows in sorted(by_slot.items())]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu" and x.dtype == torch.float32 and cpu_ops.is_available():
+        return cpu_ops.ops().small_batch_linear(x.contiguous(), weight, None)
+    return F.linear(x, weight)
+
+
+class LoRALinear(nn.Module):
+    """A linear and the adapters over it. parts: the output rows of each part of a fused linear."""
+
+    def __init__(
+        self, base: nn.Module, parts: list[int], rows: AdapterRows, max_loras: int, max_rank: int,
+        dtype: torch.dtype, device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.parts, self.max_rank, self.rows = parts, max_rank, rows
+        rank = max_rank * len(parts)
+        self.register_buffer("lora_a", torch.zeros(max_loras, rank, self.in_features, dtype=dtype, device=device))
+        self.register_buffer("lora_b", torch.zeros(max_loras, self.out_features, rank, dtype=dtype, device=device))
+        self.scales = [0.0] * max_loras
+
+    def set_adapter(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None], scale: float) -> None:
+        """weights: each part's (A [r, in], B [part rows, r]), None where the adapter leaves it."""
+        self.clear(slot)
+        row = 0
+        for index, (part_rows, part) in enumerate(zip(self.parts, weights)):
+            if part is not None:
+                a, b = part
+                band = slice(index * self.max_rank, index * self.max_rank + a.shape[0])
+                self.lora_a[slot, band] = a
+                self.lora_b[slot, row : row + part_rows, band] = b
+            row += part_rows
+        self.scales[slot] = scale
+
+    def clear(self, slot: int) -> None:
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        self.scales[slot] = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        for slot, rows in self.rows.groups:
+            delta = _matmul(_matmul(x.index_select(0, rows), self.lora_a[slot]), self.lora_b[slot])
+            y.index_add_(0, rows, delta.mul_(self.scales[slot]))
+        return y

@@ -1,0 +1,1 @@
+"""Tests of ember_core/lora: LoRA adapters over a base model."""

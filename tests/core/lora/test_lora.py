@@ -1,0 +1,123 @@
+"""LoRA adapters against transformers + PEFT in float32, on random checkpoints with random adapters:
+greedy tokens alone, and in one batch that mixes adapters and the base model; the prefix cache never
+hands one adapter's blocks to another; bad adapters are refused with nothing loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from ember_core import LLM, LoRARequest, SamplingParams
+from ember_core.engine.intake import RequestRejected
+from tests.conftest import assert_pool_free
+from tests.families import token_prompts, write_checkpoint
+
+MAX_TOKENS = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# 150 rows: past the fused decoder layer's 128, so prefill runs layer by layer too.
+PROMPT_LENGTHS = (5, 23, 150)
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+# (rank, targets, rsLoRA) of the adapters each family serves at once
+ADAPTERS = [(8, ATTENTION + MLP, False), (4, ["q_proj", "v_proj"], True), (16, ["k_proj", "down_proj", "up_proj"], False)]
+
+
+def _write_adapter(model_dir: Path, path: Path, rank: int, targets: list[str], rslora: bool, seed: int) -> None:
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, use_rslora=rslora, init_lora_weights=False)
+    adapted = get_peft_model(base, config)
+    with torch.no_grad():  # B and A of the size a trained adapter's delta has against these weights
+        for name, param in adapted.named_parameters():
+            if "lora_" in name:
+                param.normal_(0.0, 0.3 / rank**0.5)
+    adapted.save_pretrained(path)
+
+
+def _peft_greedy(model_dir: Path, adapter: Path | None, prompt: list[int]) -> list[int]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter).eval()
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation)[
+            0, len(prompt) :
+        ].tolist()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "phi3", "mixtral"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A family's checkpoint and its adapters; phi3 has fused qkv and gate/up in its checkpoint, the
+    mixture of experts adapts its attention only (its experts take none)."""
+    family = request.param
+    root = tmp_path_factory.mktemp(f"lora-{family}")
+    write_checkpoint(family, root / "base")
+    adapters = []
+    for index, (rank, targets, rslora) in enumerate(ADAPTERS):
+        if family == "phi3":
+            targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][: len(targets)]
+        if family == "mixtral":
+            targets = [t for t in targets if t in ATTENTION]
+        _write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
+        adapters.append(LoRARequest(f"{family}-{index}", index + 1, str(root / f"adapter{index}")))
+    return root / "base", adapters
+
+
+def test_each_adapter_alone_and_all_mixed_with_the_base_equal_peft(served) -> None:
+    model_dir, adapters = served
+    prompts = token_prompts(PROMPT_LENGTHS)
+    choices = [None, *adapters]
+    expected = {
+        (c.lora_name if c else "", i): _peft_greedy(model_dir, Path(c.lora_path) if c else None, p)
+        for c in choices for i, p in enumerate(prompts)
+    }  # fmt: skip
+    # the adapters change the tokens, or this test could not tell them from the base
+    assert len({tuple(expected[(c.lora_name if c else "", 2)]) for c in choices}) == len(choices)
+    llm = LLM(str(model_dir), num_blocks=512, block_size=4, device="cpu", dtype="float32", enable_lora=True, max_loras=4)
+    for choice in choices:
+        alone = [llm.generate([p], GREEDY, lora_request=choice)[0].token_ids for p in prompts]
+        assert alone == [expected[(choice.lora_name if choice else "", i)] for i in range(len(prompts))], choice
+    mixed_prompts = [p for _ in choices for p in prompts]
+    mixed_requests = [c for c in choices for _ in prompts]
+    mixed = [o.token_ids for o in llm.generate(mixed_prompts, GREEDY, lora_request=mixed_requests)]
+    assert mixed == [expected[(c.lora_name if c else "", i % len(prompts))] for i, c in enumerate(mixed_requests)]
+    assert_pool_free(llm)
+
+
+def test_the_prefix_cache_is_kept_apart_by_adapter(served) -> None:
+    model_dir, adapters = served
+    llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32", enable_lora=True)
+    prompt = token_prompts((40,))[0]
+    first = llm.generate([prompt], GREEDY, lora_request=adapters[0])[0].token_ids
+    hits = llm.stats().num_prefix_cache_hits
+    base = llm.generate([prompt], GREEDY)[0].token_ids
+    assert llm.stats().num_prefix_cache_hits == hits  # the base model found none of the adapter's blocks
+    assert llm.generate([prompt], GREEDY, lora_request=adapters[0])[0].token_ids == first
+    assert llm.stats().num_prefix_cache_hits > hits  # its own, it finds
+    assert base != first
+
+
+def test_bad_adapters_are_refused_and_leave_nothing_loaded(served, tmp_path: Path) -> None:
+    model_dir, adapters = served
+    llm = LLM(str(model_dir), num_blocks=64, block_size=4, device="cpu", dtype="float32", enable_lora=True, max_lora_rank=8)
+    with pytest.raises(ValueError, match="rank 16, above"):
+        llm.engine.add_adapter("big", adapters[2].lora_path)
+    with pytest.raises(ValueError, match="not a PEFT checkpoint"):
+        llm.engine.add_adapter("empty", str(tmp_path))
+    config = json.loads((Path(adapters[0].lora_path) / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ValueError, match="DoRA"):
+        llm.engine.add_adapter("dora", str(tmp_path))
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.engine.add_adapter("nowhere", "/no/such/adapter")
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.generate([[5, 6]], GREEDY, lora_request=LoRARequest("missing", 9, "/no/such/adapter"))
+    assert llm.engine.adapters.names == []
+    with pytest.raises(RequestRejected, match="no LoRA adapter 'missing'"):
+        llm.engine.add_request("unknown", [5, 6], GREEDY, adapter="missing")
