@@ -21,6 +21,12 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8_e4m3")
 DECODE_ATTENTION: tuple[DecodeAttention, ...] = ("auto", "kernel", "flex", "sdpa")
 
 
+def lora_module(entry: str) -> tuple[str, str]:
+    """A --lora-modules entry, "name=path", as (name, path)."""
+    name, _, path = entry.partition("=")
+    return name.strip(), path.strip()
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL
@@ -69,9 +75,18 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # Adapters loaded at start, "name=path" each (a PEFT checkpoint's directory or Hub repo id);
+    # any turns enable_lora on.
+    lora_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
+        object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        bad = next((module for module in self.lora_modules if not lora_module(module)[0] or not lora_module(module)[1]), None)
+        if bad is not None:
+            raise ValueError(f"lora_modules takes name=path entries, got {bad!r}")
+        if self.lora_modules:
+            object.__setattr__(self, "enable_lora", True)
         if not self.model:
             raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank"):

@@ -24,6 +24,11 @@ def _env_flag(name: str, default: bool) -> bool:
     raise SystemExit(2)
 
 
+def _env_list(name: str) -> list[str]:
+    """A list flag's environment variable: entries separated by spaces."""
+    return os.environ.get(env_name(name), "").split()
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = EngineConfig()
     parser.add_argument("--model", default=env_default("model", DEFAULT_MODEL), help="local dir, .gguf file, hub repo id or short name")
@@ -66,6 +71,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "dequantized model), fast (activations quantized to int8 times the weights' integers, as "
                              "llama.cpp; float checkpoints are quantized to Q8_0 at load), auto (fast for a quantized "
                              "GGUF file, else exact); either way batch-invariant")
+    parser.add_argument("--enable-lora", action=argparse.BooleanOptionalAction,
+                        default=_env_flag("enable_lora", defaults.enable_lora),
+                        help="serve LoRA adapters over the model, rows of different adapters in one batch")
+    parser.add_argument("--max-loras", type=int, default=env_default("max_loras", defaults.max_loras),
+                        help="adapters held at once (with --enable-lora)")
+    parser.add_argument("--max-lora-rank", type=int, default=env_default("max_lora_rank", defaults.max_lora_rank),
+                        help="the highest rank an adapter may have (with --enable-lora)")
+    parser.add_argument("--lora-modules", nargs="+", default=_env_list("lora_modules"), metavar="NAME=PATH",
+                        help="adapters to load at start: a PEFT checkpoint's directory or Hub repo id each, served "
+                             "as the model NAME (turns --enable-lora on)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

@@ -34,9 +34,9 @@ def extend_block_hashes(
         hashes.append(hashlib.blake2b(block, digest_size=16, key=key).digest())
 
 
-def prompt_block_hashes(prompt_ids: list[int], block_size: int, kv_cache_dtype: str = "") -> list[bytes]:
+def prompt_block_hashes(prompt_ids: list[int], block_size: int, kv_cache_dtype: str = "", adapter: str = "") -> list[bytes]:
     """The hashes of the prompt blocks an engine may take from its cache: every full block but one
     holding the last prompt token, which is always computed (its logits sample the first token)."""
     hashes: list[bytes] = []
-    extend_block_hashes(hashes, prompt_ids, block_size, (len(prompt_ids) - 1) // block_size, kv_cache_dtype)
+    extend_block_hashes(hashes, prompt_ids, block_size, (len(prompt_ids) - 1) // block_size, kv_cache_dtype, adapter)
     return hashes

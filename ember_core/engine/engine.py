@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember_core.cache.block_manager import BlockManager
-from ember_core.config import EngineConfig
+from ember_core.config import EngineConfig, lora_module
 from ember_core.device import resolve_device
 from ember_core.engine.embedding import add_pooled, embedding_bytes
 from ember_core.engine.intake import RequestIntake, RequestRejected
@@ -27,7 +27,7 @@ from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.lora.peft_files import read_peft_adapter
+from ember_core.lora.peft_files import PeftAdapter, read_peft_adapter
 from ember_core.lora.slots import AdapterSlots
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
@@ -96,6 +96,8 @@ class Engine:
         if config.enable_lora:
             self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank)
             self.runner.adapter_rows = self.adapters.rows
+            for name, path in map(lora_module, config.lora_modules):
+                self.add_adapter(name, path)
         self.stop_token_ids = self.loaded.stop_token_ids
         tokenizer = self.loaded.tokenizer
         self.intake = RequestIntake(
@@ -163,14 +165,21 @@ class Engine:
         nothing loaded, when it cannot serve this model."""
         if self.adapters is None:
             raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
+        self.install_adapter(name, read_peft_adapter(path))
+
+    def install_adapter(self, name: str, adapter: PeftAdapter) -> None:
+        """add_adapter's second half, for a checkpoint read already (the engine worker reads it on a
+        thread of its own)."""
+        if self.adapters is None:
+            raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
         if name in self.adapters.names:
             raise ValueError(f"a LoRA adapter named {name!r} is loaded already")
-        self.adapters.load(name, read_peft_adapter(path))
+        self.adapters.load(name, adapter)
 
     def remove_adapter(self, name: str) -> None:
-        """Unload an adapter; ValueError while a request runs with it."""
+        """Unload an adapter; LookupError when none is called name, ValueError while a request runs with it."""
         if self.adapters is None or name not in self.adapters.names:
-            raise ValueError(f"no LoRA adapter {name!r} is loaded")
+            raise LookupError(f"no LoRA adapter {name!r} is loaded")
         if any(seq.adapter == name for seq in self._sequences.values()):
             raise ValueError(f"LoRA adapter {name!r} is in use by requests in flight")
         self.adapters.unload(name)

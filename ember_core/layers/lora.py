@@ -7,9 +7,10 @@ past the adapter's rank, so loading one copies into them and nothing is realloca
 (QKV, gate/up) keeps each part's A in its own band of the rank and its B in that band and the
 part's output rows, so one product serves the parts and a part no adapter targets adds zeros.
 
-The rows of each adapter present are gathered and multiplied on their own. On CPU in float32 the
-two products run on the small-batch kernel, whose sums for a row do not depend on the other rows,
-so an adapter's rows keep their bits whatever shares the step.
+The rows of each adapter present are gathered and multiplied on their own, in float32 whatever the
+model's dtype (A and B are kept in float32; a bfloat16 model's delta is rounded once, when added).
+On CPU the two products run on the small-batch kernel, whose sums for a row do not depend on the
+other rows, so an adapter's rows keep their bits whatever shares the step.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class AdapterRows:
 
 
 def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and x.dtype == torch.float32 and cpu_ops.is_available():
+    if x.device.type == "cpu" and cpu_ops.is_available():
         return cpu_ops.ops().small_batch_linear(x.contiguous(), weight, None)
     return F.linear(x, weight)
 
@@ -50,16 +51,15 @@ class LoRALinear(nn.Module):
     """A linear and the adapters over it. parts: the output rows of each part of a fused linear."""
 
     def __init__(
-        self, base: nn.Module, parts: list[int], rows: AdapterRows, max_loras: int, max_rank: int,
-        dtype: torch.dtype, device: torch.device,
+        self, base: nn.Module, parts: list[int], rows: AdapterRows, max_loras: int, max_rank: int, device: torch.device
     ) -> None:
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.parts, self.max_rank, self.rows = parts, max_rank, rows
         rank = max_rank * len(parts)
-        self.register_buffer("lora_a", torch.zeros(max_loras, rank, self.in_features, dtype=dtype, device=device))
-        self.register_buffer("lora_b", torch.zeros(max_loras, self.out_features, rank, dtype=dtype, device=device))
+        self.register_buffer("lora_a", torch.zeros(max_loras, rank, self.in_features, device=device))
+        self.register_buffer("lora_b", torch.zeros(max_loras, self.out_features, rank, device=device))
         self.scales = [0.0] * max_loras
 
     def set_adapter(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None], scale: float) -> None:
@@ -83,6 +83,6 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         for slot, rows in self.rows.groups:
-            delta = _matmul(_matmul(x.index_select(0, rows), self.lora_a[slot]), self.lora_b[slot])
-            y.index_add_(0, rows, delta.mul_(self.scales[slot]))
+            delta = _matmul(_matmul(x.index_select(0, rows).float(), self.lora_a[slot]), self.lora_b[slot])
+            y.index_add_(0, rows, delta.mul_(self.scales[slot]).to(y.dtype))
         return y

@@ -35,8 +35,7 @@ class AdapterSlots:
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
                 linear = LoRALinear(
-                    getattr(parent, attribute), [rows for _, rows in parts], self.rows, max_loras, max_rank,
-                    param.dtype, param.device,
+                    getattr(parent, attribute), [rows for _, rows in parts], self.rows, max_loras, max_rank, param.device
                 )
                 setattr(parent, attribute, linear)
                 self._linears.append(linear)

@@ -12,8 +12,9 @@ import msgspec
 # 2: Generate.output_token_ids; 3: TokenLogprob carries its token id; 4: KV cache events
 # (KvEvents, KvSync), Ready.block_size, Heartbeat.draining; 5: SamplingOptions.structured_outputs;
 # 6: embeddings (Generate.embed, RequestDelta.embedding, Ready.task, the ModelCard's embedding sizes);
-# 7: Generate.traceparent, and the KV block map for dashboards (WatchBlocks, BlockMap)
-PROTOCOL_VERSION = 7
+# 7: Generate.traceparent, and the KV block map for dashboards (WatchBlocks, BlockMap); 8: LoRA
+# adapters (Generate.adapter, LoadAdapter, UnloadAdapter, AdapterDone, Adapters, Ready.adapters)
+PROTOCOL_VERSION = 8
 PROBE_ID_PREFIX = "probe-"  # a Hello's gateway_id from a health probe (ember_engine.probe)
 
 
@@ -98,6 +99,7 @@ class Generate(_Message):
     embed: EmbedOptions | None = None
     # W3C trace context of the gateway's span (OpenTelemetry tracing on); the engine's spans are its children
     traceparent: str | None = None
+    adapter: str = ""  # the LoRA adapter the request runs with; "": the base model
 
 
 class Abort(_Message):
@@ -115,7 +117,21 @@ class WatchBlocks(_Message):
     seconds: float
 
 
-GatewayMessage = Hello | Generate | Abort | KvSync | WatchBlocks
+class LoadAdapter(_Message):
+    """Load a PEFT LoRA checkpoint (a directory on the engine's host, or a Hub repo id) as `name`;
+    answered with an AdapterDone, and every gateway is sent the engine's Adapters."""
+
+    request_id: str
+    name: str
+    path: str
+
+
+class UnloadAdapter(_Message):
+    request_id: str
+    name: str
+
+
+GatewayMessage = Hello | Generate | Abort | KvSync | WatchBlocks | LoadAdapter | UnloadAdapter
 
 
 # engine -> gateway
@@ -146,6 +162,24 @@ class Ready(_Message):
     block_size: int = 0  # of the prefix cache, whose hashes KvEvents carry; 0: no prefix cache
     step_token_budget: int = 0  # tokens one step computes at most (max_num_batched_tokens); 0: unknown
     task: str = "generate"  # "embed": the engine refuses every Generate but an embedding one
+    adapters: list[str] = []  # the LoRA adapters loaded, which requests name as their model
+    max_loras: int = 0  # adapters it can hold; 0: LoRA is off
+
+
+class AdapterDone(_Message):
+    """The answer to a LoadAdapter or UnloadAdapter: code 200, or 400 (a load that cannot serve this
+    model, nothing loaded), 404 (no such adapter), 409 (in use by requests in flight)."""
+
+    request_id: str
+    code: int
+    message: str = ""
+
+
+class Adapters(_Message):
+    """The engine's adapters, to every gateway, after each load and unload."""
+
+    engine_id: str
+    names: list[str]
 
 
 class EngineStats(msgspec.Struct, array_like=True, gc=False):
@@ -253,7 +287,7 @@ class BlockMap(_Message):
     steps: list[StepSample]  # oldest first, at most the last BLOCK_MAP_STEPS
 
 
-EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents | BlockMap
+EngineMessage = Ready | StepOutputs | Rejected | Heartbeat | KvEvents | BlockMap | AdapterDone | Adapters
 
 _encoder = msgspec.msgpack.Encoder()
 _gateway_decoder = msgspec.msgpack.Decoder(GatewayMessage)

@@ -62,6 +62,8 @@ def _engine_argv(args: argparse.Namespace, bind: str) -> list[str]:
         flag = name.replace("_", "-")
         if isinstance(value, bool):
             argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif isinstance(value, list | tuple):
+            argv += [f"--{flag}", *value] if value else []
         elif value is not None:
             argv += [f"--{flag}", str(value)]
     if args.otlp_traces_endpoint is not None:  # a gateway flag the engines take too: one trace spans both

@@ -24,24 +24,29 @@ import zmq
 from ember_core.engine.block_map import block_holders
 from ember_core.engine.engine import Engine
 from ember_core.sampling_params import SamplingParams
+from ember_engine.adapter_loads import AdapterLoads
 from ember_proto import (
     BLOCK_MAP_HZ,
     PROBE_ID_PREFIX,
     PROTOCOL_VERSION,
-    Abort,
+    AdapterDone,
+    Adapters,
     BlockMap,
     EngineStats,
+    GatewayMessage,
     Generate,
     Heartbeat,
     Hello,
     KvEvents,
     KvSync,
+    LoadAdapter,
     ModelCard,
     Ready,
     RejectCode,
     Rejected,
     RequestDelta,
     StepOutputs,
+    UnloadAdapter,
     WatchBlocks,
     decode_gateway_message,
     encode,
@@ -97,6 +102,7 @@ class EngineWorker:
         # Gateways with a dashboard open -> until when they asked for block maps (monotonic)
         self.block_watchers: dict[bytes, float] = {}
         self.block_map_sent = 0.0
+        self.adapter_loads = AdapterLoads(engine)
         # KV events: the prefix cache's changes, batched per step, for the gateways' routing
         self.kv_events = engine.config.enable_prefix_caching
         self.kv_sequence = 0
@@ -124,6 +130,7 @@ class EngineWorker:
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,
             task=engine.config.task,
+            max_loras=engine.config.max_loras if engine.config.enable_lora else 0,
         )
 
     def request_shutdown(self) -> None:
@@ -143,6 +150,7 @@ class EngineWorker:
                 self._abort_all_after_shutdown_timeout()
                 if self.engine.has_unfinished():
                     self._step()
+                self._answer_adapter_change(self.adapter_loads.finished())
                 self._announce_drain()
                 self._heartbeat()
                 self._send_block_maps()
@@ -182,7 +190,7 @@ class EngineWorker:
                 continue
             self._handle(identity, message)
 
-    def _handle(self, identity: bytes, message: Hello | Generate | Abort | KvSync | WatchBlocks) -> None:
+    def _handle(self, identity: bytes, message: GatewayMessage) -> None:
         if isinstance(message, Hello):
             if self.draining_since is not None:
                 self._send(identity, Rejected("", RejectCode.UNAVAILABLE, "the engine is shutting down"))
@@ -195,7 +203,7 @@ class EngineWorker:
                 probe = message.gateway_id.startswith(PROBE_ID_PREFIX)  # every few seconds, for ever
                 logger.log(logging.DEBUG if probe else logging.INFO, "gateway %s connected", message.gateway_id)
             self.gateways.last_sent[identity] = 0.0
-            self._send(identity, self.ready)
+            self._send(identity, msgspec.structs.replace(self.ready, adapters=self.adapter_loads.names))
             self._send_kv_snapshot(identity)
         elif isinstance(message, Generate):
             self._generate(identity, message)
@@ -204,6 +212,12 @@ class EngineWorker:
         elif isinstance(message, WatchBlocks):
             if identity in self.gateways.last_sent:
                 self.block_watchers[identity] = time.monotonic() + min(max(message.seconds, 0.0), MAX_WATCH_S)
+        elif isinstance(message, LoadAdapter):
+            answer = self.adapter_loads.load(identity, message)
+            if answer is not None:
+                self._send(identity, answer)
+        elif isinstance(message, UnloadAdapter):
+            self._answer_adapter_change([(identity, self.adapter_loads.unload(message))])
         else:
             owned = [r for r in message.request_ids if self.gateways.owner_of.get(r) == identity]
             self.engine.abort(owned)
@@ -219,7 +233,8 @@ class EngineWorker:
         try:
             params = SamplingParams.from_wire(message.sampling)
             self.engine.add_request(
-                request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids, message.embed
+                request_id, message.prompt_token_ids, params, time.monotonic(), message.output_token_ids, message.embed,
+                message.adapter,
             )
         except (ValueError, TypeError) as exc:  # RequestRejected is a ValueError
             self._send(identity, Rejected(request_id, RejectCode.INVALID_REQUEST, str(exc)))
@@ -229,6 +244,15 @@ class EngineWorker:
         self.gateways.owner_of[request_id] = identity
         if message.deadline is not None:
             heapq.heappush(self.deadlines, (message.deadline, request_id))
+
+    def _answer_adapter_change(self, answers: list[tuple[bytes, AdapterDone]]) -> None:
+        """Each load or unload's answer to its gateway, then the adapters to every gateway if any changed."""
+        for identity, answer in answers:
+            self._send(identity, answer)
+        if any(answer.code == 200 for _, answer in answers):
+            adapters = Adapters(self.engine_id, self.adapter_loads.names)
+            for identity in list(self.gateways.last_sent):
+                self._send(identity, adapters)
 
     def _expire_deadlines(self) -> None:
         now = time.time()

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from ember_gateway.api.adapters import load_lora_adapter, unload_lora_adapter
 from ember_gateway.api.completions.chat import create_chat_completion
 from ember_gateway.api.completions.completions import create_completion
 from ember_gateway.api.embeddings import create_embeddings
@@ -57,6 +58,8 @@ def create_app(
             web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
             web.post("/v1/responses", create_response, expect_handler=expect),
             web.post("/v1/embeddings", create_embeddings, expect_handler=expect),
+            web.post("/v1/load_lora_adapter", load_lora_adapter, expect_handler=expect),
+            web.post("/v1/unload_lora_adapter", unload_lora_adapter, expect_handler=expect),
             web.post("/tokenize", tokenize, expect_handler=expect),
             web.post("/detokenize", detokenize, expect_handler=expect),
             web.get("/v1/models", list_models),

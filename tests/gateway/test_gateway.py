@@ -262,7 +262,7 @@ async def test_models_health_and_served_name(fake_engine: FakeEngine, start_gate
     async with gateway.http.get("/v1/models") as response:
         models = await response.json()
     entry = {"id": "served/name", "object": "model", "created": 1700000000, "owned_by": "ember", "max_model_len": 64,
-             "dtype": "bfloat16", "numerics": "fast"}
+             "dtype": "bfloat16", "numerics": "fast", "parent": None}
     assert models == {"object": "list", "data": [entry]}
     async with gateway.http.get("/v1/models/served/name") as response:
         assert response.status == 200

@@ -19,6 +19,7 @@ def _model_entry(model: ServedModel) -> Model:
         max_model_len=model.card.max_model_len,
         dtype=model.card.dtype or None,
         numerics=model.card.numerics or None,
+        parent=model.parent,
     )
 
 

@@ -15,10 +15,13 @@ from ember_gateway.api.request_bodies import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    LoadLoRAAdapterRequest,
     ResponsesRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from ember_gateway.api.response_bodies import (
+    AdapterChange,
     ChatCompletion,
     ChatCompletionChunk,
     Completion,
@@ -40,6 +43,7 @@ _STRUCTS = (
     ChatCompletionRequest, CompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest, ErrorResponse,
     ChatCompletion, ChatCompletionChunk, Completion, CompletionChunk, Response, *get_args(ResponseEvent), Model,
     ModelList, Health, TokenizeResponse, DetokenizeResponse, EmbeddingRequest, CreateEmbeddingResponse, DashboardUpdate,
+    LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, AdapterChange,
 )
 _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "5XX": {"$ref": "#/components/responses/Error"}}
 
@@ -137,6 +141,10 @@ def build_document() -> dict[str, Any]:
             "/tokenize": {"post": _post("A prompt or messages as the model's token ids", TokenizeRequest,
                                         TokenizeResponse)},
             "/detokenize": {"post": _post("Token ids as text", DetokenizeRequest, DetokenizeResponse)},
+            "/v1/load_lora_adapter": {"post": _post("Load a LoRA adapter on every engine (vLLM's)", LoadLoRAAdapterRequest,
+                                                    AdapterChange)},
+            "/v1/unload_lora_adapter": {"post": _post("Unload a LoRA adapter (vLLM's)", UnloadLoRAAdapterRequest,
+                                                      AdapterChange)},
             "/v1/models": _get("The models served", _json(ModelList, "The models")),
             "/v1/models/{model}": _get("One model", _json(Model, "The model"), parameters=[model_param]),
             "/health": _get("200 while an engine takes requests, else 503", _json(Health, "Ready"), open_path=True),

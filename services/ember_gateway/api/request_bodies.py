@@ -189,6 +189,19 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] | None = None
 
 
+class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    """vLLM's POST /v1/load_lora_adapter: a PEFT checkpoint (a directory on the engines' hosts, or a
+    Hub repo id) served as the model lora_name."""
+
+    lora_name: Annotated[str, Meta(min_length=1)]
+    lora_path: Annotated[str, Meta(min_length=1)]
+
+
+class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    lora_name: Annotated[str, Meta(min_length=1)]
+    lora_int_id: int | None = None  # vLLM's; ignored
+
+
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     model: str
     # a string, strings, token ids, or lists of token ids, as completions' prompt
@@ -202,7 +215,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 _DECODERS = {
     body_type: msgspec.json.Decoder(body_type)
     for body_type in (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest,
-                      EmbeddingRequest)
+                      EmbeddingRequest, LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest)
 }
 
 

@@ -184,6 +184,16 @@ class Model(Shape):
     # ember's: the activations' dtype and the numerics (exact or fast) the serving engine runs
     dtype: str | None = None
     numerics: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's)
+
+
+class AdapterChange(Shape):
+    """The answer to POST /v1/load_lora_adapter and /v1/unload_lora_adapter; message is vLLM's text."""
+
+    object: Literal["lora_adapter"]
+    lora_name: str
+    status: Literal["loaded", "unloaded"]
+    message: str
 
 
 class ModelList(Shape):

@@ -16,6 +16,7 @@ from typing import Protocol
 import msgspec
 
 from ember_gateway.edge.errors import engine_unavailable
+from ember_gateway.engines.adapters import EngineAdapters
 from ember_gateway.engines.inflight import EngineFailure, InFlight, InFlightRequest, Output, deliver, fail
 from ember_gateway.engines.kv_index import KvIndex
 from ember_gateway.engines.link import EngineLink
@@ -24,6 +25,8 @@ from ember_proto import (
     BLOCK_MAP_STEPS,
     PROTOCOL_VERSION,
     Abort,
+    AdapterDone,
+    Adapters,
     BlockMap,
     EngineMessage,
     EngineStats,
@@ -31,10 +34,12 @@ from ember_proto import (
     Heartbeat,
     KvEvents,
     KvSync,
+    LoadAdapter,
     Ready,
     Rejected,
     StepOutputs,
     StepSample,
+    UnloadAdapter,
     WatchBlocks,
 )
 
@@ -60,9 +65,7 @@ class EngineEvents(Protocol):
 
 
 class EngineClient:
-    def __init__(
-        self, address: str, events: EngineEvents, *, model_name: str | None = None, watchdog_s: float
-    ) -> None:
+    def __init__(self, address: str, events: EngineEvents, *, model_name: str | None = None, watchdog_s: float) -> None:
         self.address = address
         self.model: ServedModel | None = None
         self.stats: EngineStats | None = None
@@ -71,6 +74,7 @@ class EngineClient:
         self.block_map: BlockMap | None = None
         self.recent_steps: deque[StepSample] = deque(maxlen=BLOCK_MAP_STEPS)
         self.draining = False
+        self.adapters = EngineAdapters(address)
         self.sent_since_stats = 0  # requests sent after the engine's latest stats
         self.tokens_sent_since_stats = 0  # the prompt tokens they will compute there
         self._events = events
@@ -190,8 +194,13 @@ class EngineClient:
             self._on_kv_events(message)
         elif isinstance(message, BlockMap):
             self._on_block_map(message)
+        elif isinstance(message, Adapters | AdapterDone):
+            self.adapters.on_message(message, None if self.model is None else self.model.engine_id)
         else:
             self._on_rejected(message)
+
+    async def change_adapter(self, message: LoadAdapter | UnloadAdapter, timeout_s: float) -> AdapterDone:
+        return await self.adapters.change(lambda m: self.accepting and self._link.send(m), message, timeout_s)
 
     def on_lost(self, reason: str) -> None:
         self._events.engine_lost(self, reason, self._lose(reason))
@@ -235,6 +244,7 @@ class EngineClient:
         if epoch != self._connection_epoch:
             return  # lost again while the tokenizer was built; the next Hello brings a fresh Ready
         name = self._model_name or message.model.model_id
+        self.adapters.names = list(message.adapters)
         self.model = ServedModel(
             name=name, engine_id=message.engine_id, card=message.model, tokenizer=tokenizer,
             block_size=message.block_size, step_token_budget=message.step_token_budget, task=message.task,

@@ -99,6 +99,7 @@ class Generation:
                     deadline=deadline,
                     embed=self._embed,
                     traceparent=traceparent,
+                    adapter=self._model.adapter,
                 )
                 for choice, request in zip(self._choices, self._requests)
             ],

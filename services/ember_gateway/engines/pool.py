@@ -109,11 +109,14 @@ class EnginePool:
         return self.ready
 
     def models(self) -> list[ServedModel]:
-        """Each model an engine taking requests serves, once (the first such engine's card)."""
+        """Each model an engine taking requests serves, once (the first such engine's card), and
+        each LoRA adapter loaded over one."""
         served: dict[str, ServedModel] = {}
-        for client in self._accepting():
+        for client in self.accepting():
             assert client.model is not None
             served.setdefault(client.model.name, client.model)
+            for adapter in client.adapters.names:
+                served.setdefault(adapter, client.model.with_adapter(adapter))
         return list(served.values())
 
     @property
@@ -130,7 +133,7 @@ class EnginePool:
     def submit(self, generates: list[Generate], model_name: str) -> asyncio.Queue[Output]:
         """Send one HTTP request's engine requests, all to the engine the router picks among those
         serving model_name; outputs arrive on the returned queue. ApiError 503 when none can."""
-        candidates = [client for client in self._accepting() if client.model.name == model_name]
+        candidates = [client for client in self.accepting() if model_name in (client.model.name, *client.adapters.names)]
         if not candidates:
             raise engine_unavailable()
         queue: asyncio.Queue[Output] = asyncio.Queue()
@@ -169,14 +172,15 @@ class EnginePool:
         if self._move(client, {request.generate.request_id: request}):
             request.fail(failure)
 
-    def _accepting(self) -> list[EngineClient]:
+    def accepting(self) -> list[EngineClient]:
+        """The engines new requests may go to."""
         return [client for client in self.clients.values() if client.accepting and client.model is not None]
 
     def _route(self, candidates: list[EngineClient], generates: list[Generate], queue: asyncio.Queue[Output]) -> None:
         """Submit generates to the engine the router picks; with kv routing, the first prompt's
         blocks it computes count as that engine's from now on."""
         turn = next(self._turns)
-        prompt_ids = generates[0].prompt_token_ids
+        prompt_ids, adapter = generates[0].prompt_token_ids, generates[0].adapter
         kv = self._routing == "kv"
         hashes_by_cache: dict[tuple[int, str], list[bytes]] = {}
 
@@ -186,7 +190,7 @@ class EnginePool:
             if not (kv and cache[0]):
                 return []
             if cache not in hashes_by_cache:
-                hashes_by_cache[cache] = prompt_block_hashes(prompt_ids, *cache)
+                hashes_by_cache[cache] = prompt_block_hashes(prompt_ids, *cache, adapter)
             return hashes_by_cache[cache]
 
         def prefill_tokens(client: EngineClient) -> int:
@@ -217,7 +221,7 @@ class EnginePool:
         if source.model is None or not in_flight:
             return in_flight
         targets = sorted(
-            (c for c in self._accepting() if c is not source and c.model.same_model(source.model)),
+            (c for c in self.accepting() if c is not source and c.model.same_model(source.model)),
             key=lambda client: (client.queued_prefill_tokens, client.num_running),
         )
         for target in targets:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -24,6 +24,12 @@ class ServedModel:
     block_size: int = 0  # of the engine's prefix cache; 0: none
     step_token_budget: int = 0  # tokens one engine step computes at most; 0: the engine did not say
     task: str = "generate"  # "embed": the engine answers embedding requests only
+    adapter: str = ""  # a LoRA adapter over the engine's model (then name is the adapter's): its requests run with it
+    parent: str | None = None  # an adapter's base model, as clients name it
+
+    def with_adapter(self, adapter: str) -> ServedModel:
+        """The adapter served over this model, named as clients name it."""
+        return replace(self, name=adapter, adapter=adapter, parent=self.name)
 
     def same_model(self, other: ServedModel) -> bool:
         """Whether a request of one can continue on the other: the same weights and tokens."""

@@ -12,6 +12,7 @@ import torch
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 
+from ember_bench.gguf_export import export_gguf
 from ember_core import LLM, LoRARequest, SamplingParams
 from ember_core.engine.intake import RequestRejected
 from tests.conftest import assert_pool_free
@@ -121,3 +122,40 @@ def test_bad_adapters_are_refused_and_leave_nothing_loaded(served, tmp_path: Pat
     assert llm.engine.adapters.names == []
     with pytest.raises(RequestRejected, match="no LoRA adapter 'missing'"):
         llm.engine.add_request("unknown", [5, 6], GREEDY, adapter="missing")
+
+
+@pytest.fixture(scope="module")
+def llama_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path], list[LoRARequest]]:
+    """A llama checkpoint, its GGUF files (F32, and Q8_0 blocks), and two adapters over it."""
+    root = tmp_path_factory.mktemp("lora-gguf")
+    write_checkpoint("llama", root / "base")
+    files = {kind: export_gguf(root / "base", root / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}
+    adapters = []
+    for index, (rank, targets, rslora) in enumerate(ADAPTERS[:2]):
+        _write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=10 + index)
+        adapters.append(LoRARequest(f"gguf-{index}", index + 1, str(root / f"adapter{index}")))
+    return root / "base", files, adapters
+
+
+def test_an_adapter_over_a_gguf_file_equals_peft_over_its_checkpoint(llama_files) -> None:
+    """The F32 file holds the checkpoint's values (its q and k rows permuted as llama.cpp stores them)."""
+    model_dir, files, adapters = llama_files
+    prompts = token_prompts(PROMPT_LENGTHS)
+    llm = LLM(str(files["F32"]), num_blocks=256, block_size=4, device="cpu", dtype="float32", enable_lora=True)
+    for adapter in adapters:
+        expected = [_peft_greedy(model_dir, Path(adapter.lora_path), p) for p in prompts]
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY, lora_request=adapter)] == expected
+
+
+@pytest.mark.parametrize(("dtype", "numerics"), [("float32", "exact"), ("float32", "fast"), ("bfloat16", "exact")])
+def test_adapters_over_quantized_blocks_are_batch_invariant(llama_files, dtype: str, numerics: str) -> None:
+    _, files, adapters = llama_files
+    prompts = token_prompts(PROMPT_LENGTHS)
+    llm = LLM(str(files["Q8_0"]), num_blocks=512, block_size=4, device="cpu", dtype=dtype, numerics=numerics,
+              enable_lora=True)  # fmt: skip
+    choices = [None, *adapters]
+    alone = {(i, j): llm.generate([p], GREEDY, lora_request=c)[0].token_ids for i, c in enumerate(choices) for j, p in enumerate(prompts)}
+    mixed = llm.generate([p for _ in choices for p in prompts], GREEDY, lora_request=[c for c in choices for _ in prompts])
+    assert [o.token_ids for o in mixed] == [alone[(i, j)] for i in range(len(choices)) for j in range(len(prompts))]
+    assert len({tuple(alone[(i, len(prompts) - 1)]) for i in range(len(choices))}) == len(choices)
+    assert_pool_free(llm)

@@ -1,0 +1,108 @@
+"""LoRA adapters served end to end (`ember serve --lora-modules`, then loaded and unloaded while
+serving) through the OpenAI SDK: each adapter is a model whose completions equal the offline
+engine's with that adapter, /v1/models names its parent, and bad loads and unknown names get
+OpenAI error bodies."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from ember_bench.random_models import random_checkpoint
+from ember_core import LLM, LoRARequest, SamplingParams
+from tests.processes import served
+
+PROMPT = "The adapter says"
+
+
+def _adapter(model_dir: Path, path: Path, rank: int, seed: int) -> Path:
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    adapted = get_peft_model(base, config)
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_" in name:
+                param.normal_(0.0, 1.0 / rank**0.5)
+    adapted.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, openai.OpenAI, dict]]:
+    root = tmp_path_factory.mktemp("lora-served")
+    model_dir = random_checkpoint("llama", root / "model")
+    first, second = _adapter(model_dir, root / "first", 8, 0), _adapter(model_dir, root / "second", 4, 1)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm = LLM(str(model_dir), dtype="float32", num_blocks=64, enable_lora=True)
+    expected = {
+        name: llm.generate([PROMPT], greedy, lora_request=request)[0].text
+        for name, request in (("base", None), ("first", LoRARequest("first", 1, str(first))),
+                              ("second", LoRARequest("second", 2, str(second))))
+    }  # fmt: skip
+    del llm
+    assert len(set(expected.values())) == 3, expected  # each adapter changes the text
+    with served(model_dir, root / "serve.log", "--model-name", "base", "--lora-modules", f"first={first}",
+                "--max-loras", "2") as url:  # fmt: skip
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        yield url, client, {"expected": expected, "second": str(second)}
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _text(client: openai.OpenAI, model: str) -> str:
+    return client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=8,
+                                     extra_body={"ignore_eos": True}).choices[0].text  # fmt: skip
+
+
+def test_adapters_are_models_with_their_own_completions(setup) -> None:
+    _, client, data = setup
+    models = {model.id: model for model in client.models.list().data}
+    assert set(models) == {"base", "first"}
+    assert models["first"].model_extra["parent"] == "base" and models["base"].model_extra.get("parent") is None
+    assert _text(client, "first") == data["expected"]["first"]
+    assert _text(client, "base") == data["expected"]["base"]
+    chat = client.chat.completions.create(model="first", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert chat.model == "first"
+
+
+def test_an_adapter_loaded_while_serving_then_unloaded(setup) -> None:
+    url, client, data = setup
+    status, text = _post(f"{url}/v1/load_lora_adapter", {"lora_name": "second", "lora_path": data["second"]})
+    assert status == 200 and text["status"] == "loaded" and text["lora_name"] == "second", text
+    assert _text(client, "second") == data["expected"]["second"]
+    assert {model.id for model in client.models.list().data} == {"base", "first", "second"}
+    status, error = _post(f"{url}/v1/load_lora_adapter", {"lora_name": "second", "lora_path": data["second"]})
+    assert status == 400 and error["error"]["param"] == "lora_name"
+    status, text = _post(f"{url}/v1/unload_lora_adapter", {"lora_name": "second"})
+    assert status == 200, text
+    with pytest.raises(openai.NotFoundError):
+        _text(client, "second")
+    assert _text(client, "first") == data["expected"]["first"]
+
+
+def test_bad_loads_and_unknown_adapters_are_openai_errors(setup, tmp_path: Path) -> None:
+    url, client, _ = setup
+    for body in ({"lora_name": "broken", "lora_path": str(tmp_path)}, {"lora_name": "gone", "lora_path": "/no/such/dir"}):
+        status, error = _post(f"{url}/v1/load_lora_adapter", body)
+        assert status == 400 and error["error"]["message"], error
+    assert _post(f"{url}/v1/load_lora_adapter", {"lora_name": "x"})[0] == 400
+    status, error = _post(f"{url}/v1/unload_lora_adapter", {"lora_name": "nobody"})
+    assert status == 404 and error["error"]["code"] == "model_not_found"
+    assert {model.id for model in client.models.list().data} == {"base", "first"}
