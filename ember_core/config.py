@@ -70,8 +70,9 @@ class EngineConfig:
     # dtype), "fast" (int8 activations times the weights' integers), "auto" (fast for a quantized
     # GGUF file on the CPU kernels, exact for float checkpoints).
     numerics: Numerics = "auto"
-    # LoRA adapters over the model (vLLM's --enable-lora, --max-loras, --max-lora-rank): slots for
-    # max_loras of them, each of rank max_lora_rank at most, in the attention and MLP linears.
+    # LoRA adapters over the model (vLLM's --enable-lora, --max-loras, --max-lora-rank): max_loras
+    # run at once from as many slots of the attention and MLP linears (lora/slots.py), each of rank
+    # max_lora_rank at most.
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16

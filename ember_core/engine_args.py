@@ -75,7 +75,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         default=_env_flag("enable_lora", defaults.enable_lora),
                         help="serve LoRA adapters over the model, rows of different adapters in one batch")
     parser.add_argument("--max-loras", type=int, default=env_default("max_loras", defaults.max_loras),
-                        help="adapters held at once (with --enable-lora)")
+                        help="adapters that run at once, from as many slots (with --enable-lora); more may be loaded, a "
+                             "request whose adapter has no slot waits for the least recently used free one")
     parser.add_argument("--max-lora-rank", type=int, default=env_default("max_lora_rank", defaults.max_lora_rank),
                         help="the highest rank an adapter may have (with --enable-lora)")
     parser.add_argument("--lora-modules", nargs="+", default=_env_list("lora_modules"), metavar="NAME=PATH",

@@ -96,6 +96,7 @@ class Engine:
         if config.enable_lora:
             self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank)
             self.runner.adapter_rows = self.adapters.rows
+            self.scheduler.adapters = self.adapters
             for name, path in map(lora_module, config.lora_modules):
                 self.add_adapter(name, path)
         self.stop_token_ids = self.loaded.stop_token_ids
@@ -150,7 +151,7 @@ class Engine:
         if adapter:
             if self.adapters is None or adapter not in self.adapters.names:
                 raise RequestRejected(f"no LoRA adapter {adapter!r} is loaded")
-            seq.adapter, seq.adapter_slot = adapter, self.adapters.slot_of(adapter)
+            seq.adapter = adapter  # its slot comes with its admission (Scheduler.adapters)
         try:
             self.scheduler.check_fits(seq)
         except ValueError as exc:

@@ -40,6 +40,7 @@ import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ember_core.cache.block_hash import extend_block_hashes
 from ember_core.cache.block_manager import BlockManager
@@ -59,6 +60,14 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.seqs
+
+
+class AdapterGate(Protocol):
+    """LoRA adapter slots (lora/slots.py): an admitted request takes its adapter's, or waits."""
+
+    def acquire(self, seq: Sequence) -> bool: ...
+
+    def release(self, seq: Sequence) -> None: ...
 
 
 class Scheduler:
@@ -107,6 +116,7 @@ class Scheduler:
         # the prompt tokens it will compute.
         self._queued_hashes: Counter[bytes] = Counter()
         self._prefill_estimates: dict[int, tuple[int, int]] = {}  # seq id -> (tokens, hashes counted)
+        self.adapters: AdapterGate | None = None  # with LoRA adapters (the engine sets it)
 
     @property
     def num_unfinished(self) -> int:
@@ -255,6 +265,8 @@ class Scheduler:
             plan = self._start_plan(seq, completed_in_step)
             if plan is None:
                 return False
+            if seq.adapter and self.adapters is not None and not self.adapters.acquire(seq):
+                return False  # every adapter slot is held: it waits its turn, at the head of the queue
             cached, chunk_cap = plan
             self.waiting.popleft()
             if self.admission == "reserve":
@@ -358,12 +370,17 @@ class Scheduler:
         del self.running[seq.seq_id]
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
+        self._release_adapter(seq)
         seq.num_computed_tokens = 0
         seq.drafts.token_ids.clear()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         self.preemptions_by_priority[seq.params.priority] += 1
+
+    def _release_adapter(self, seq: Sequence) -> None:
+        if self.adapters is not None:
+            self.adapters.release(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Release everything seq holds, in the step it finishes."""
@@ -373,6 +390,7 @@ class Scheduler:
             self.waiting.remove(seq)  # only on abort; rare
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
+        self._release_adapter(seq)
         _, num_hashes = self._prefill_estimates.pop(seq.seq_id)
         for block_hash in seq.block_hashes[:num_hashes]:
             self._queued_hashes[block_hash] -= 1

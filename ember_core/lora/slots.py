@@ -1,5 +1,8 @@
-"""The adapters a model holds, one slot each: the model's attention and MLP linears are wrapped in
-LoRALinears once, at engine start, and an adapter is loaded by copying its A and B into a slot.
+"""The adapters an engine serves, and the max_loras slots of the model's linears they run from: the
+attention and MLP linears are wrapped in LoRALinears once, at engine start. A loaded adapter is
+checked against the model and kept (in CPU memory); it takes a slot when a request of it is
+admitted, the least recently used slot no running request holds giving way (LRU), and a request
+whose adapter finds every slot held waits in the queue until one is released.
 
 A PEFT module name maps to a linear of ember's model and a part of it: q_proj, k_proj and v_proj
 are the parts of ember's fused qkv_proj, gate_proj and up_proj of gate_up_proj, as the base
@@ -7,9 +10,12 @@ weights' shards are (Decoder.fused_shards)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
+from ember_core.engine.sequence import Sequence
 from ember_core.layers.lora import AdapterRows, LoRALinear
 from ember_core.layers.mlp import MLP
 from ember_core.lora.peft_files import PeftAdapter
@@ -41,18 +47,20 @@ class AdapterSlots:
                 self._linears.append(linear)
                 for part, (name, _) in enumerate(parts):
                     self.targets[f"model.layers.{index}.{name}"] = (linear, part)
-        self._slot_of: dict[str, int] = {}
+        self._adapters: dict[str, tuple[PeftAdapter, dict[LoRALinear, list]]] = {}  # name -> (adapter, its parts)
+        self._slot_of: dict[str, int] = {}  # adapters in a slot
+        self._holders = [0] * max_loras  # per slot, the admitted requests running with it
+        self._last_used = [0] * max_loras  # per slot, when a request last took it (a counter)
+        self._clock = itertools.count(1)
 
     @property
     def names(self) -> list[str]:
-        return list(self._slot_of)
+        """The adapters loaded, in a slot or not."""
+        return list(self._adapters)
 
-    def slot_of(self, name: str) -> int:
-        return self._slot_of[name]
-
-    def load(self, name: str, adapter: PeftAdapter) -> int:
-        """Copy the adapter into a free slot; ValueError, with nothing loaded, when it does not fit
-        this model or no slot is free."""
+    def load(self, name: str, adapter: PeftAdapter) -> None:
+        """Keep the adapter, in a free slot if there is one; ValueError, with nothing loaded, when it
+        does not fit this model."""
         if adapter.rank > self.max_rank:
             raise ValueError(f"adapter {name} has rank {adapter.rank}, above --max-lora-rank {self.max_rank}")
         unknown = sorted(set(adapter.weights) - set(self.targets))
@@ -64,21 +72,59 @@ class AdapterSlots:
             if a.shape[1] != linear.in_features or b.shape[0] != linear.parts[part]:
                 raise ValueError(f"adapter {name}: {module} has shapes {tuple(a.shape)}, {tuple(b.shape)}, not this model's")
             by_linear.setdefault(linear, [None] * len(linear.parts))[part] = (a, b)
-        free = next((slot for slot in range(self.max_loras) if slot not in self._slot_of.values()), None)
-        if free is None:
-            raise ValueError(f"all {self.max_loras} adapter slots are taken (--max-loras)")
+        self._adapters[name] = (adapter, by_linear)
+        free = self._free_slot()
+        if free is not None:
+            self._install(name, free)
+
+    def unload(self, name: str) -> None:
+        """Forget the adapter; the caller checks that no request of it is in flight."""
+        del self._adapters[name]
+        slot = self._slot_of.pop(name, None)
+        if slot is not None:
+            self._clear(slot)
+
+    def acquire(self, seq: Sequence) -> bool:
+        """Give an admitted request its adapter's slot (seq.adapter_slot); False, taking nothing,
+        when every slot is held by running requests of other adapters."""
+        slot = self._slot_of.get(seq.adapter)
+        if slot is None:
+            slot = self._free_slot()
+            if slot is None:
+                idle = [s for s in range(self.max_loras) if not self._holders[s]]
+                if not idle:
+                    return False
+                slot = min(idle, key=lambda s: self._last_used[s])
+                evicted = next(name for name, held in self._slot_of.items() if held == slot)
+                del self._slot_of[evicted]
+            self._install(seq.adapter, slot)
+        self._holders[slot] += 1
+        self._last_used[slot] = next(self._clock)
+        seq.adapter_slot = slot
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        """The request no longer runs (finished, aborted or preempted): its slot may give way."""
+        if seq.adapter_slot >= 0:
+            self._holders[seq.adapter_slot] -= 1
+            seq.adapter_slot = -1
+
+    def _free_slot(self) -> int | None:
+        taken = set(self._slot_of.values())
+        return next((slot for slot in range(self.max_loras) if slot not in taken), None)
+
+    def _install(self, name: str, slot: int) -> None:
+        adapter, by_linear = self._adapters[name]
         with torch.no_grad():
             for linear in self._linears:
                 parts = by_linear.get(linear)
                 if parts is None:
-                    linear.clear(free)
+                    linear.clear(slot)
                 else:
-                    linear.set_adapter(free, parts, adapter.scale)
-        self._slot_of[name] = free
-        return free
+                    linear.set_adapter(slot, parts, adapter.scale)
+        self._slot_of[name] = slot
 
-    def unload(self, name: str) -> None:
-        slot = self._slot_of.pop(name)
+    def _clear(self, slot: int) -> None:
         with torch.no_grad():
             for linear in self._linears:
                 linear.clear(slot)

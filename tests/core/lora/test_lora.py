@@ -159,3 +159,17 @@ def test_adapters_over_quantized_blocks_are_batch_invariant(llama_files, dtype: 
     assert [o.token_ids for o in mixed] == [alone[(i, j)] for i in range(len(choices)) for j in range(len(prompts))]
     assert len({tuple(alone[(i, len(prompts) - 1)]) for i in range(len(choices))}) == len(choices)
     assert_pool_free(llm)
+
+
+def test_past_max_loras_adapters_take_turns_and_every_request_finishes(served) -> None:
+    """One slot, three adapters and the base in one batch: each adapter's requests wait for the slot
+    (least recently used first), none fails, and each gets its tokens alone."""
+    model_dir, adapters = served
+    prompts = token_prompts((5, 23))
+    llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32", enable_lora=True, max_loras=1)
+    choices = [None, *adapters]
+    alone = {(i, j): llm.generate([p], GREEDY, lora_request=c)[0].token_ids for i, c in enumerate(choices) for j, p in enumerate(prompts)}
+    mixed = llm.generate([p for _ in choices for p in prompts], GREEDY, lora_request=[c for c in choices for _ in prompts])
+    assert [o.token_ids for o in mixed] == [alone[(i, j)] for i in range(len(choices)) for j in range(len(prompts))]
+    assert sorted(llm.engine.adapters.names) == sorted(a.lora_name for a in adapters)
+    assert_pool_free(llm)
