@@ -15,6 +15,8 @@ SchedulingPolicy = Literal["fcfs", "priority"]
 GGUFWeights = Literal["blocks", "dequantized"]
 DecodeAttention = Literal["auto", "kernel", "flex", "sdpa"]
 Task = Literal["generate", "embed"]
+LoRADtype = Literal["auto", "float32", "bfloat16"]
+LORA_DTYPES: tuple[LoRADtype, ...] = ("auto", "float32", "bfloat16")
 Numerics = Literal["auto", "exact", "fast"]  # ember_core/numerics.py
 NUMERICS: tuple[Numerics, ...] = ("auto", "exact", "fast")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "fp8_e4m3")
@@ -76,6 +78,9 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    # The adapters' A and B (vLLM's --lora-dtype): "auto" the model's dtype; "bfloat16" halves what a
+    # float32 model's adapters read each step, their values rounded. Their products sum in float32.
+    lora_dtype: LoRADtype = "auto"
     # Adapters loaded at start, "name=path" each (a PEFT checkpoint's directory or Hub repo id);
     # any turns enable_lora on.
     lora_modules: tuple[str, ...] = ()
@@ -88,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"lora_modules takes name=path entries, got {bad!r}")
         if self.lora_modules:
             object.__setattr__(self, "enable_lora", True)
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"lora_dtype must be one of {', '.join(LORA_DTYPES)}, got {self.lora_dtype!r}")
         if not self.model:
             raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank"):

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, NUMERICS, EngineConfig
+from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, LORA_DTYPES, NUMERICS, EngineConfig
 from ember_core.config_flags import env_default, env_name
 from ember_core.speculative_config import speculative_config
 
@@ -79,6 +79,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "request whose adapter has no slot waits for the least recently used free one")
     parser.add_argument("--max-lora-rank", type=int, default=env_default("max_lora_rank", defaults.max_lora_rank),
                         help="the highest rank an adapter may have (with --enable-lora)")
+    parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default=env_default("lora_dtype", defaults.lora_dtype),
+                        help="the adapters' weights: auto = the model's dtype; bfloat16 halves what a float32 model's "
+                             "adapters read each step (their values rounded)")
     parser.add_argument("--lora-modules", nargs="+", default=_env_list("lora_modules"), metavar="NAME=PATH",
                         help="adapters to load at start: a PEFT checkpoint's directory or Hub repo id each, served "
                              "as the model NAME (turns --enable-lora on)")

@@ -94,7 +94,7 @@ class Engine:
         self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
         self.adapters: AdapterSlots | None = None
         if config.enable_lora:
-            self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank)
+            self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank, config.lora_dtype)
             self.runner.adapter_rows = self.adapters.rows
             self.scheduler.adapters = self.adapters
             for name, path in map(lora_module, config.lora_modules):

@@ -5,7 +5,8 @@ to this one: `paged_decode_attention` and `paged_decode_attention_supports` (pag
 (elementwise.cpp), `write_kv_cache_` (kv_cache.cpp),
 `decoder_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h), as
 `moe_experts` (moe_experts.cpp) does for a mixture of experts,
-the sampler's `inverse_cdf_draw` (sampling.cpp), and `peak_loop` (peak.cpp), the arithmetic peak's
+the sampler's `inverse_cdf_draw` (sampling.cpp), `lora_add_` (lora.cpp), each row's LoRA delta by its
+adapter's slot, and `peak_loop` (peak.cpp), the arithmetic peak's
 register-only loop. `ops()` is the op namespace of the instruction
 set in use: `ops().small_batch_linear(...)`.
 
@@ -40,7 +41,7 @@ _SOURCES = [
     Path(__file__).with_name(name)
     for name in (
         "paged_decode.cpp", "small_batch_linear.cpp", "bf16_linear.cpp", "elementwise.cpp", "kv_cache.cpp",
-        "decoder_layer.cpp", "moe_experts.cpp", "sampling.cpp", "peak.cpp", "int8_linear.cpp",
+        "decoder_layer.cpp", "moe_experts.cpp", "sampling.cpp", "peak.cpp", "int8_linear.cpp", "lora.cpp",
     )
 ]
 _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")

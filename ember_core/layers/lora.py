@@ -7,10 +7,10 @@ past the adapter's rank, so loading one copies into them and nothing is realloca
 (QKV, gate/up) keeps each part's A in its own band of the rank and its B in that band and the
 part's output rows, so one product serves the parts and a part no adapter targets adds zeros.
 
-The rows of each adapter present are gathered and multiplied on their own, in float32 whatever the
-model's dtype (A and B are kept in float32; a bfloat16 model's delta is rounded once, when added).
-On CPU the two products run on the small-batch kernel, whose sums for a row do not depend on the
-other rows, so an adapter's rows keep their bits whatever shares the step.
+Every row's delta is summed in float32 whatever the model's dtype and the adapters' (the model's by
+default, or bfloat16 to halve what they read: --lora-dtype); a bfloat16 model's sum is rounded once. On CPU one C++ call does a linear's rows of every adapter
+(kernels/lora.cpp), each sum in a fixed order, so a row keeps its bits whatever shares the step;
+elsewhere each adapter's rows are gathered and multiplied on their own.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ class AdapterRows:
 
     def __init__(self) -> None:
         self.groups: list[tuple[int, torch.Tensor]] = []
+        self.slots: torch.Tensor | None = None  # int64 [rows]: each row's slot, -1 none
 
     def set(self, slots: list[int], device: torch.device) -> None:
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
         by_slot: dict[int, list[int]] = {}
         for row, slot in enumerate(slots):
             if slot >= 0:
@@ -41,26 +43,24 @@ class AdapterRows:
         return bool(self.groups)
 
 
-def _matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu" and cpu_ops.is_available():
-        return cpu_ops.ops().small_batch_linear(x.contiguous(), weight, None)
-    return F.linear(x, weight)
 
 
 class LoRALinear(nn.Module):
     """A linear and the adapters over it. parts: the output rows of each part of a fused linear."""
 
     def __init__(
-        self, base: nn.Module, parts: list[int], rows: AdapterRows, max_loras: int, max_rank: int, device: torch.device
+        self, base: nn.Module, parts: list[int], rows: AdapterRows, max_loras: int, max_rank: int, dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         super().__init__()
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.parts, self.max_rank, self.rows = parts, max_rank, rows
         rank = max_rank * len(parts)
-        self.register_buffer("lora_a", torch.zeros(max_loras, rank, self.in_features, device=device))
-        self.register_buffer("lora_b", torch.zeros(max_loras, self.out_features, rank, device=device))
+        self.register_buffer("lora_a", torch.zeros(max_loras, rank, self.in_features, dtype=dtype, device=device))
+        self.register_buffer("lora_b", torch.zeros(max_loras, rank, self.out_features, dtype=dtype, device=device))  # B^T
         self.scales = [0.0] * max_loras
+        self.ranks = torch.zeros(max_loras, len(parts), dtype=torch.long)  # per slot, each part's adapter rank
 
     def set_adapter(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None], scale: float) -> None:
         """weights: each part's (A [r, in], B [part rows, r]), None where the adapter leaves it."""
@@ -71,18 +71,27 @@ class LoRALinear(nn.Module):
                 a, b = part
                 band = slice(index * self.max_rank, index * self.max_rank + a.shape[0])
                 self.lora_a[slot, band] = a
-                self.lora_b[slot, row : row + part_rows, band] = b
+                self.lora_b[slot, band, row : row + part_rows] = b.T
+                self.ranks[slot, index] = a.shape[0]
             row += part_rows
         self.scales[slot] = scale
 
     def clear(self, slot: int) -> None:
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
+        self.ranks[slot].zero_()
         self.scales[slot] = 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        if not self.rows.active:
+            return y
+        if x.device.type == "cpu" and cpu_ops.is_available():
+            cpu_ops.ops().lora_add_(
+                y, x.contiguous(), self.lora_a, self.lora_b, self.rows.slots, self.scales, self.parts, self.ranks
+            )
+            return y
         for slot, rows in self.rows.groups:
-            delta = _matmul(_matmul(x.index_select(0, rows).float(), self.lora_a[slot]), self.lora_b[slot])
+            delta = F.linear(x.index_select(0, rows).float(), self.lora_a[slot].float()) @ self.lora_b[slot].float()
             y.index_add_(0, rows, delta.mul_(self.scales[slot]).to(y.dtype))
         return y

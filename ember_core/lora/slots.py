@@ -15,6 +15,7 @@ import itertools
 import torch
 from torch import nn
 
+from ember_core.config import LoRADtype
 from ember_core.engine.sequence import Sequence
 from ember_core.layers.lora import AdapterRows, LoRALinear
 from ember_core.layers.mlp import MLP
@@ -24,10 +25,11 @@ _LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.d
 
 
 class AdapterSlots:
-    def __init__(self, model: nn.Module, max_loras: int, max_rank: int) -> None:
+    def __init__(self, model: nn.Module, max_loras: int, max_rank: int, lora_dtype: LoRADtype = "auto") -> None:
         if not hasattr(model, "fused_shards"):
             raise ValueError(f"LoRA adapters are not supported for {type(model).__name__} models")
         param = next(model.parameters())
+        dtype = param.dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)  # the A and B stacks'
         self.rows = AdapterRows()
         self.max_loras, self.max_rank = max_loras, max_rank
         self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module name -> (linear, part)
@@ -41,7 +43,7 @@ class AdapterSlots:
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
                 linear = LoRALinear(
-                    getattr(parent, attribute), [rows for _, rows in parts], self.rows, max_loras, max_rank, param.device
+                    getattr(parent, attribute), [rows for _, rows in parts], self.rows, max_loras, max_rank, dtype, param.device
                 )
                 setattr(parent, attribute, linear)
                 self._linears.append(linear)
