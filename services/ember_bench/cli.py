@@ -55,7 +55,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     )
     _add_workload_arguments(serve, "words")
     serve.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (a trailing /v1 is accepted)")
-    serve.add_argument("--model", help="model name to send (default: the first id GET /v1/models lists)")
+    serve.add_argument("--model", help="model name to send (default: the first id GET /v1/models lists); A,B,...: "
+                                       "requests take them in turn, e.g. LoRA adapters and their base")
     serve.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     serve.add_argument("--concurrency", type=int, metavar="C", help="most requests in flight at once (default: no cap)")
     serve.add_argument("--request-rate", type=float, metavar="R",

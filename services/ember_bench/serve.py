@@ -22,7 +22,8 @@ from ember_bench.workload import BenchRequest
 @dataclass(frozen=True)
 class ServeConfig:
     base_url: str = "http://127.0.0.1:8000"
-    model: str | None = None  # None: the first id GET /v1/models lists
+    # None: the first id GET /v1/models lists; "a,b,...": requests take them in turn (an adapter mix)
+    model: str | None = None
     api_key: str | None = None
     concurrency: int | None = None  # None: no cap
     request_rate: float | None = None  # req/s of a Poisson process; None: send all at once
@@ -82,14 +83,16 @@ async def run_serve(config: ServeConfig, requests: list[BenchRequest]) -> ServeR
         loop = asyncio.get_running_loop()
         started_at = loop.time()
 
-        async def issue(request: BenchRequest, offset: float) -> RequestResult:
+        models = model.split(",")
+
+        async def issue(index: int, request: BenchRequest, offset: float) -> RequestResult:
             await asyncio.sleep(started_at + offset - loop.time())
-            payload = _payload(model, request, config)
+            payload = _payload(models[index % len(models)], request, config)
             async with limiter:
                 return await stream_completion(session, url, payload, config.headers, config.timeout_s)
 
         offsets = arrival_offsets(len(requests), config.request_rate, config.seed)
-        results = await asyncio.gather(*(issue(r, offset) for r, offset in zip(requests, offsets)))
+        results = await asyncio.gather(*(issue(i, r, offset) for i, (r, offset) in enumerate(zip(requests, offsets))))
         duration_s = loop.time() - started_at
         preempted_after = await engine_preemptions(session, config)
     preemptions = None if preempted_before is None or preempted_after is None else preempted_after - preempted_before
