@@ -6,6 +6,7 @@ OpenAI error bodies."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -72,7 +73,7 @@ def _text(client: openai.OpenAI, model: str) -> str:
 
 
 def test_adapters_are_models_with_their_own_completions(setup) -> None:
-    _, client, data = setup
+    url, client, data = setup
     models = {model.id: model for model in client.models.list().data}
     assert set(models) == {"base", "first"}
     assert models["first"].model_extra["parent"] == "base" and models["base"].model_extra.get("parent") is None
@@ -80,6 +81,10 @@ def test_adapters_are_models_with_their_own_completions(setup) -> None:
     assert _text(client, "base") == data["expected"]["base"]
     chat = client.chat.completions.create(model="first", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert chat.model == "first"
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    assert re.search(r'ember_lora_adapter_info\{[^}]*model_name="first"[^}]*parent="base"[^}]*\} 1', metrics), metrics[-2000:]
+    assert re.search(r'ember_generation_tokens_total\{model_name="first"\} (\d+)', metrics)
 
 
 def test_an_adapter_loaded_while_serving_then_unloaded(setup) -> None:

@@ -54,6 +54,7 @@ class EngineSnapshot:
     model_name: str
     stats: EngineStats
     card: ModelCard
+    adapters: tuple[str, ...] = ()  # the LoRA adapters loaded there
 
 
 class EnginePool:
@@ -125,7 +126,7 @@ class EnginePool:
 
     def snapshots(self) -> list[EngineSnapshot]:
         return [
-            EngineSnapshot(address, client.model.name, client.stats, client.model.card)
+            EngineSnapshot(address, client.model.name, client.stats, client.model.card, tuple(client.adapters.names))
             for address, client in self.clients.items()
             if client.model is not None and client.stats is not None
         ]

@@ -62,6 +62,12 @@ class _PoolCollector(Collector):
             "1 per engine: the dtype and numerics (exact or fast) its model runs in, and its KV cache's dtype.",
             labels=[*labels, "dtype", "numerics", "kv_cache_dtype"],
         )
+        adapters = GaugeMetricFamily(
+            "ember_lora_adapter_info",
+            "1 per LoRA adapter loaded on an engine, labelled by the adapter's name (its requests' and tokens' "
+            "model_name elsewhere) and its parent model.",
+            labels=[*labels, "parent"],
+        )
         kv_bytes = GaugeMetricFamily("ember_kv_cache_bytes", "Bytes of the engine's KV cache pool.", labels=labels)
         kv_blocks = GaugeMetricFamily("ember_kv_cache_blocks", "Blocks of the engine's KV cache pool.", labels=labels)
         speculation = {
@@ -71,6 +77,8 @@ class _PoolCollector(Collector):
         for engine in self._pool.snapshots():
             key, stats = [engine.model_name, engine.address], engine.stats
             model_info.add_metric([*key, engine.card.dtype, engine.card.numerics, engine.card.kv_cache_dtype], 1)
+            for adapter in engine.adapters:
+                adapters.add_metric([adapter, engine.address, engine.model_name], 1)
             kv_bytes.add_metric(key, engine.card.kv_cache_bytes)
             kv_blocks.add_metric(key, stats.num_kv_blocks_total)
             for field, family in speculation.items():
@@ -104,7 +112,7 @@ class _PoolCollector(Collector):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
             running, waiting, queued_tokens, kv_usage, kv_bytes, kv_blocks, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
-            routing, migrations, expert_tokens, model_info, *speculation.values(),
+            routing, migrations, expert_tokens, model_info, adapters, *speculation.values(),
         )
 
 
