@@ -81,6 +81,10 @@ def test_adapters_are_models_with_their_own_completions(setup) -> None:
     assert _text(client, "base") == data["expected"]["base"]
     chat = client.chat.completions.create(model="first", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert chat.model == "first"
+    response = client.responses.create(model="first", input="hi", max_output_tokens=4, temperature=0)
+    assert response.model == "first" and response.status in ("completed", "incomplete")
+    base, adapted = (client.embeddings.create(model=m, input=PROMPT).data[0].embedding for m in ("base", "first"))
+    assert len(base) == len(adapted) and base != adapted  # the adapter changes the hidden states too
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
         metrics = answer.read().decode()
     assert re.search(r'ember_lora_adapter_info\{[^}]*model_name="first"[^}]*parent="base"[^}]*\} 1', metrics), metrics[-2000:]
