@@ -52,10 +52,10 @@ def _peft_greedy(model_dir: Path, adapter: Path | None, prompt: list[int]) -> li
         ].tolist()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "phi3", "mixtral"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3", "mixtral", "qwen2_moe"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """A family's checkpoint and its adapters; phi3 has fused qkv and gate/up in its checkpoint, the
-    mixture of experts adapts its attention only (its experts take none)."""
+    mixtures of experts adapt their attention only (their experts, the shared one too, take none)."""
     family = request.param
     root = tmp_path_factory.mktemp(f"lora-{family}")
     write_checkpoint(family, root / "base")
@@ -63,7 +63,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     for index, (rank, targets, rslora) in enumerate(ADAPTERS):
         if family == "phi3":
             targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][: len(targets)]
-        if family == "mixtral":
+        if family in ("mixtral", "qwen2_moe"):
             targets = [t for t in targets if t in ATTENTION]
         _write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
         adapters.append(LoRARequest(f"{family}-{index}", index + 1, str(root / f"adapter{index}")))
@@ -79,7 +79,8 @@ def test_each_adapter_alone_and_all_mixed_with_the_base_equal_peft(served) -> No
         for c in choices for i, p in enumerate(prompts)
     }  # fmt: skip
     # the adapters change the tokens, or this test could not tell them from the base
-    assert len({tuple(expected[(c.lora_name if c else "", 2)]) for c in choices}) == len(choices)
+    outputs = {c: tuple(tuple(expected[(c.lora_name if c else "", i)]) for i in range(len(prompts))) for c in choices}
+    assert len(set(outputs.values())) == len(choices)
     llm = LLM(str(model_dir), num_blocks=512, block_size=4, device="cpu", dtype="float32", enable_lora=True, max_loras=4)
     for choice in choices:
         alone = [llm.generate([p], GREEDY, lora_request=choice)[0].token_ids for p in prompts]
