@@ -2,15 +2,16 @@
 y = base(x) + scale_a * (x A_a^T) B_a^T for the adapter a of each row, and base(x) alone for a
 row of none.
 
-Every adapter a model holds has a slot: its A and B sit in slot-indexed stacks of the linear, zero
-past the adapter's rank, so loading one copies into them and nothing is reallocated. A fused linear
-(QKV, gate/up) keeps each part's A in its own band of the rank and its B in that band and the
-part's output rows, so one product serves the parts and a part no adapter targets adds zeros.
+An adapter that runs has a slot (lora/slots.py): its A and B (B transposed) sit in slot-indexed
+stacks of the linear, zero past the adapter's rank, so giving it a slot copies into them and
+nothing is reallocated. A fused linear (QKV, gate/up) keeps each part in its own band of the rank,
+so one call serves the parts, and a part the adapter leaves alone has rank 0 there.
 
-Every row's delta is summed in float32 whatever the model's dtype and the adapters' (the model's by
-default, or bfloat16 to halve what they read: --lora-dtype); a bfloat16 model's sum is rounded once. On CPU one C++ call does a linear's rows of every adapter
-(kernels/lora.cpp), each sum in a fixed order, so a row keeps its bits whatever shares the step;
-elsewhere each adapter's rows are gathered and multiplied on their own.
+Every row's delta is summed in float32, whatever the dtype of the model and of the adapters (the
+model's by default, or bfloat16: --lora-dtype); a bfloat16 model's sum is rounded once. On CPU one
+C++ call adds a linear's rows of every adapter (kernels/lora.cpp), each sum in a fixed order, so a
+row keeps its bits whatever shares the step; elsewhere each adapter's rows are gathered and
+multiplied on their own.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ class AdapterRows:
     @property
     def active(self) -> bool:
         return bool(self.groups)
-
-
 
 
 class LoRALinear(nn.Module):
