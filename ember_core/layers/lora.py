@@ -24,24 +24,21 @@ from ember_core.kernels import cpu_ops
 
 
 class AdapterRows:
-    """The step's rows of each adapter, shared by every LoRALinear of a model: set by the runner
-    before the forward, from each row's slot (-1: no adapter)."""
+    """Each row's adapter slot for the step (-1: none), shared by every LoRALinear of a model: set by
+    the runner before the forward."""
 
     def __init__(self) -> None:
-        self.groups: list[tuple[int, torch.Tensor]] = []
-        self.slots: torch.Tensor | None = None  # int64 [rows]: each row's slot, -1 none
+        self.slots: torch.Tensor | None = None  # int64 [rows]
+        self.active = False  # some row runs with an adapter
 
     def set(self, slots: list[int], device: torch.device) -> None:
-        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
-        by_slot: dict[int, list[int]] = {}
-        for row, slot in enumerate(slots):
-            if slot >= 0:
-                by_slot.setdefault(slot, []).append(row)
-        self.groups = [(slot, torch.tensor(rows, dtype=torch.long, device=device)) for slot, rows in sorted(by_slot.items())]
+        self.active = any(slot >= 0 for slot in slots)
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device) if self.active else None
 
-    @property
-    def active(self) -> bool:
-        return bool(self.groups)
+    def groups(self) -> list[tuple[int, torch.Tensor]]:
+        """(slot, its rows) for each adapter present: the torch path's gathers."""
+        assert self.slots is not None
+        return [(int(slot), (self.slots == slot).nonzero().flatten()) for slot in self.slots.unique() if slot >= 0]
 
 
 class LoRALinear(nn.Module):
@@ -90,7 +87,7 @@ class LoRALinear(nn.Module):
                 y, x.contiguous(), self.lora_a, self.lora_b, self.rows.slots, self.scales, self.parts, self.ranks
             )
             return y
-        for slot, rows in self.rows.groups:
+        for slot, rows in self.rows.groups():
             delta = F.linear(x.index_select(0, rows).float(), self.lora_a[slot].float()) @ self.lora_b[slot].float()
             y.index_add_(0, rows, delta.mul_(self.scales[slot]).to(y.dtype))
         return y
