@@ -58,18 +58,40 @@ struct LayerLinears {
   }
 };
 
+// The LoRA adapters over the layer's linears, for a step where some rows run one (rows: each row's
+// slot, -1 for none): per linear its A and B stacks and ranks (three entries of weights, as
+// layers/lora.py's LoRALinear holds them) and its parts' rows (as many as its ranks' columns);
+// one scale per slot. Each linear's output gets its delta (lora_add_) before anything reads it.
+struct LayerAdapters {
+  const std::optional<at::Tensor>& rows;
+  at::TensorList weights;
+  at::ArrayRef<double> scales;
+  at::IntArrayRef part_rows;
+
+  void add(int64_t slot, const at::Tensor& y, const at::Tensor& x) const {
+    if (!rows) return;
+    int64_t first = 0;
+    for (int64_t s = 0; s < slot; ++s) first += weights[3 * s + 2].size(1);
+    ember::lora_add_(y, x, weights[3 * slot], weights[3 * slot + 1], *rows, scales,
+                     part_rows.slice(first, weights[3 * slot + 2].size(1)), weights[3 * slot + 2]);
+  }
+};
+
 // hidden [tokens, hidden_size] is the residual stream, updated in place:
 //   hidden += norm_attn_out(o(attention(rotary(qk_norm(qkv(norm_attn_in(hidden)))))))
 //   hidden += norm_mlp_out(down(act_and_mul(gate_up(norm_mlp_in(hidden)))))
 // where an absent norm passes its input through. biases and parts: per linear, qkv, o, gate_up, down,
 // or only qkv and o for the first line alone (a mixture of experts' layer); weights and formats: per
 // part (LayerLinears); a format is ember::linear's code (ops.h). Each token is its own sequence's
-// decode. Rotary turns the first cos.size(1) dims of each q and k head.
+// decode. Rotary turns the first cos.size(1) dims of each q and k head. lora_*: LayerAdapters, with
+// lora_rows None for a step without adapters.
 void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& norms, double eps,
                     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
                     at::IntArrayRef parts, bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                    const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window) {
+                    const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window,
+                    const std::optional<at::Tensor>& lora_rows, at::TensorList lora_weights, at::ArrayRef<double> lora_scales,
+                    at::IntArrayRef lora_part_rows) {
   const int64_t linears = static_cast<int64_t>(parts.size());
   int64_t all_parts = 0;
   for (const int64_t count : parts) {
@@ -83,6 +105,9 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
               "decoder_layer_: weights and formats must hold a part each (", all_parts, "), got ", weights.size(),
               " and ", formats.size());
   const LayerLinears linear{weights, biases, formats, parts};
+  TORCH_CHECK(!lora_rows || static_cast<int64_t>(lora_weights.size()) == 3 * linears,
+              "decoder_layer_: lora_weights must hold A, B and ranks for each linear, got ", lora_weights.size());
+  const LayerAdapters adapters{lora_rows, lora_weights, lora_scales, lora_part_rows};
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNorms, "decoder_layer_: norms must hold ", kNorms,
               " entries (attention in/out, mlp in/out, q, k; None where absent), got ", norms.size());
   TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "decoder_layer_: hidden must be [tokens, hidden_size] ",
@@ -91,7 +116,9 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
   // An 8-bit cache's rows end in their scale (kv_quant.h).
   const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2);
   const int64_t head_dim = key_cache.size(3) - (is_quantized_cache(key_cache.scalar_type()) ? kScaleBytes : 0);
-  const at::Tensor qkv = linear(0, normed(hidden, norms.get(kAttentionIn), eps));
+  const at::Tensor attention_in = normed(hidden, norms.get(kAttentionIn), eps);
+  const at::Tensor qkv = linear(0, attention_in);
+  adapters.add(0, qkv, attention_in);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
               qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
   if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
@@ -103,12 +130,18 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
                          heads.narrow(1, num_heads + kv_heads, kv_heads));
   const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
                                                              block_tables, context_lens, scale, softcap, window);
-  const at::Tensor attention_out = linear(1, attention.view({tokens, num_heads * head_dim}));
+  const at::Tensor attention_rows = attention.view({tokens, num_heads * head_dim});
+  const at::Tensor attention_out = linear(1, attention_rows);
+  adapters.add(1, attention_out, attention_rows);
   hidden.add_(normed(attention_out, norms.get(kAttentionOut), eps));
   if (linears == kAttentionLinears) return;
-  const at::Tensor gate_up = linear(2, normed(hidden, norms.get(kMlpIn), eps));
+  const at::Tensor mlp_in = normed(hidden, norms.get(kMlpIn), eps);
+  const at::Tensor gate_up = linear(2, mlp_in);
+  adapters.add(2, gate_up, mlp_in);
   const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
-  hidden.add_(normed(linear(3, activated), norms.get(kMlpOut), eps));
+  const at::Tensor mlp_out = linear(3, activated);
+  adapters.add(3, mlp_out, activated);
+  hidden.add_(normed(mlp_out, norms.get(kMlpOut), eps));
 }
 
 }  // namespace
@@ -132,7 +165,7 @@ TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
       "decoder_layer_(Tensor(a!) hidden, Tensor?[] norms, float eps, Tensor[] weights, Tensor?[] biases, "
       "int[] formats, int[] parts, bool gelu, Tensor cos, Tensor sin, Tensor(b!) key_cache, Tensor(c!) value_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, float scale, float softcap, "
-      "int window) -> ()");
+      "int window, Tensor? lora_rows, Tensor[] lora_weights, float[] lora_scales, int[] lora_part_rows) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("decoder_layer_", &decoder_layer_); }

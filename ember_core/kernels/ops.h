@@ -44,6 +44,10 @@ at::Tensor quantize_q8_0(const at::Tensor& weight);
 void write_kv_cache_(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping,
                      const at::Tensor& key, const at::Tensor& value);
 
+// lora.cpp: y += each row's LoRA delta, by its adapter's slot (lora_add_ in the op namespace).
+void lora_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& lora_a, const at::Tensor& lora_b,
+               const at::Tensor& row_slots, at::ArrayRef<double> scales, at::IntArrayRef part_rows, const at::Tensor& ranks);
+
 // paged_decode.cpp
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,

@@ -74,7 +74,7 @@ class ForwardMetadata:
     groups: list[AttentionMetadata]  # one per KV cache group; a layer reads groups[its kv_group]
     # Per token, the length of its sequence's prompt: LongRoPE picks its table by it (models/rotary.py).
     prompt_lengths: torch.Tensor
-    adapters: bool = False  # some rows run with a LoRA adapter: the fused layer kernel has none
+    adapters: bool = False  # some rows run with a LoRA adapter (lora/slots.py)
 
     @property
     def decodes_only_on_kernel(self) -> bool:

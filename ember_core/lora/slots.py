@@ -30,7 +30,7 @@ class AdapterSlots:
             raise ValueError(f"LoRA adapters are not supported for {type(model).__name__} models")
         param = next(model.parameters())
         dtype = param.dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)  # the A and B stacks'
-        self.rows = AdapterRows()
+        self.rows = AdapterRows(max_loras)
         self.max_loras, self.max_rank = max_loras, max_rank
         self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module name -> (linear, part)
         self._linears: list[LoRALinear] = []
@@ -123,7 +123,8 @@ class AdapterSlots:
                 if parts is None:
                     linear.clear(slot)
                 else:
-                    linear.set_adapter(slot, parts, adapter.scale)
+                    linear.set_adapter(slot, parts)
+        self.rows.scales[slot] = adapter.scale
         self._slot_of[name] = slot
 
     def _clear(self, slot: int) -> None:

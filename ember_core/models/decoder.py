@@ -18,6 +18,7 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import ForwardMetadata, PagedAttention
 from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
+from ember_core.layers.lora import AdapterRows, LoRALinear
 from ember_core.layers.mlp import MLP
 from ember_core.layers.moe import SparseMoE
 from ember_core.models.decoder_config import DecoderConfig, LayerSpec
@@ -81,7 +82,7 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
             meta.decodes_only_on_kernel
-            and not meta.adapters
+            and (not meta.adapters or self.fused_adapters is not None)
             and hidden.dtype in (torch.float32, torch.bfloat16)
             and hidden.shape[0] <= SMALL_BATCH_ROWS
             and self.fused_operands is not None
@@ -94,17 +95,32 @@ class DecoderLayer(nn.Module):
         hidden = hidden + _normed(self.attn_out_norm, attention)
         return hidden + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))
 
+    @property
+    def _fused_linears(self) -> list[nn.Module]:
+        """The linears decoder_layer_ runs, in its order: qkv, o, then gate_up and down unless the
+        layer's MLP is a mixture of experts (its experts run after the call, from forward_fused_)."""
+        attention, mlp = self.self_attn, self.mlp
+        return [attention.qkv_proj, attention.o_proj] + ([] if isinstance(mlp, SparseMoE) else [mlp.gate_up_proj, mlp.down_proj])
+
+    @functools.cached_property
+    def fused_adapters(self) -> tuple[AdapterRows, tuple[torch.Tensor, ...], tuple[int, ...]] | None:
+        """(the rows' slots, each linear's A, B and ranks, their parts' rows) as decoder_layer_ takes
+        LoRA adapters; None when the linears are not all LoRALinears (no adapters served). Looked up
+        once, as fused_operands: the stacks are filled in place when an adapter takes a slot."""
+        linears = self._fused_linears
+        if not all(isinstance(linear, LoRALinear) for linear in linears):
+            return None
+        weights = tuple(tensor for linear in linears for tensor in (linear.lora_a, linear.lora_b, linear.ranks))
+        return linears[0].rows, weights, tuple(rows for linear in linears for rows in linear.parts)
+
     @functools.cached_property
     def fused_operands(self) -> tuple[tuple, tuple, tuple, tuple, tuple] | None:
         """(norms, weights, biases, formats, parts) as decoder_layer_ takes them; None when a linear is one it
         does not take; a mixture of experts' layer gives only the attention's linears. Looked up once: the module lookups cost ~20 us per layer, 0.6 ms of every decode
         step. The runner swaps the linears before the first step and loading copies into the same
         tensors, so they do not change afterwards."""
-        attention, mlp = self.self_attn, self.mlp
-        linears = [attention.qkv_proj, attention.o_proj]
-        if not isinstance(mlp, SparseMoE):  # the experts run after the call, from forward_fused_
-            linears += [mlp.gate_up_proj, mlp.down_proj]
-        operands = [kernel_operands(linear) for linear in linears]
+        attention = self.self_attn
+        operands = [kernel_operands(linear) for linear in self._fused_linears]
         if any(operand is None for operand in operands):
             return None
         weights = tuple(weight for part_weights, _, _ in operands for weight in part_weights)
@@ -119,11 +135,15 @@ class DecoderLayer(nn.Module):
         attention = self.self_attn.attn
         group = meta.groups[attention.kv_group]
         norms, weights, biases, formats, parts = self.fused_operands
+        adapters = (None, (), [], ())
+        if meta.adapters:
+            rows, lora_weights, part_rows = self.fused_adapters
+            adapters = (rows.slots, lora_weights, rows.scales, part_rows)
         cpu_ops.ops().decoder_layer_(
             hidden, norms, self.config.rms_norm_eps, weights, biases, formats, parts, self.config.activation == "gelu_tanh",
             cos, sin, attention.key_cache, attention.value_cache, group.slot_mapping, group.decode_block_tables,
             group.decode_context_lens, attention.num_heads, attention.scale, attention.softcap or 0.0,
-            group.sliding_window or 0,
+            group.sliding_window or 0, *adapters,
         )
         if isinstance(self.mlp, SparseMoE):
             hidden += _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))

@@ -2,7 +2,7 @@
 C++ call, against the layer's modules: the same output bits and the same K/V written, for every
 family's switches (norms before and after, q/k norms, biases, GeGLU, partial rotary, windows,
 soft-caps), float32 weights with biases, GGUF blocks (mixed-format K-quant linears too, in both
-numerics) and a half-size cache; and decode steps take it."""
+numerics), a half-size cache, and LoRA adapters on some rows; and decode steps take it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ember_core import LLM
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import StackedBlockLinear
 from ember_core.loaders import load_model
+from ember_core.lora.peft_files import PeftAdapter
+from ember_core.lora.slots import AdapterSlots
 from ember_core.models.decoder import Decoder
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
@@ -61,10 +63,14 @@ def _layer_inputs(model: Decoder, input_ids: torch.Tensor, positions: torch.Tens
     return hidden, tables
 
 
-def _assert_fused_layers_match_modules(runner: ModelRunner) -> None:
+def _assert_fused_layers_match_modules(runner: ModelRunner, row_slots: list[int] | None = None) -> None:
+    """row_slots: each decode row's LoRA slot (-1: none), with AdapterSlots over the model."""
     model = runner.model
     input_ids, positions, meta = _prefilled_decode_step(runner, model.config.vocab_size)
     assert meta.decodes_only_on_kernel
+    if row_slots is not None:
+        runner.adapter_rows.set(row_slots, input_ids.device)
+        meta.adapters = True
     hidden, tables = _layer_inputs(model, input_ids, positions, meta)
     for layer in model.layers:
         cos, sin = tables[layer.rope]
@@ -116,6 +122,32 @@ def test_mixed_format_linears_of_k_quant_files(numerics: str, dtype: str) -> Non
         _assert_fused_layers_match_modules(llm.engine.runner)
 
 
+def _random_adapter(slots: AdapterSlots, rank: int, seed: int, skip: str) -> PeftAdapter:
+    """Every target of the model but those whose name holds `skip`, A and B drawn at random."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = {}
+    for module, (linear, part) in slots.targets.items():
+        if skip not in module:
+            a = torch.randn(rank, linear.in_features, generator=generator) / linear.in_features**0.5
+            weights[module] = (a, torch.randn(linear.parts[part], rank, generator=generator) / rank)
+    return PeftAdapter(rank, 2.0 / rank, weights)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "phi3", "qwen2_moe"])
+@pytest.mark.parametrize("lora_dtype", ["auto", "bfloat16"])
+@torch.inference_mode()
+def test_lora_adapters_on_some_rows(family: str, lora_dtype: str, tmp_path: Path) -> None:
+    """Two adapters of different ranks and targets in slots 0 and 2, and rows of none."""
+    runner = ModelRunner(tiny_model(family, tmp_path), num_blocks=256, block_size=BLOCK_SIZE)
+    slots = AdapterSlots(runner.model, max_loras=3, max_rank=8, lora_dtype=lora_dtype)
+    runner.adapter_rows = slots.rows
+    slots.load("first", _random_adapter(slots, 8, seed=1, skip="k_proj"))
+    slots.load("second", _random_adapter(slots, 3, seed=2, skip="mlp"))
+    slots.load("third", _random_adapter(slots, 5, seed=3, skip="o_proj"))
+    assert all(layer.fused_adapters is not None for layer in runner.model.layers)
+    _assert_fused_layers_match_modules(runner, row_slots=[0, -1, 2, 0])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
 def test_decode_steps_run_each_layer_as_one_call_and_prefills_do_not(family: str, tmp_path: Path) -> None:
@@ -157,7 +189,7 @@ def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> N
             hidden.clone(), list(norms), 1e-5, weights, [None] * len(parts), [-1] * len(weights), parts, False, cos,
             sin,
             key_cache, attention.attn.value_cache, group.slot_mapping, group.decode_block_tables,
-            group.decode_context_lens, num_heads, 0.25, 0.0, 0,
+            group.decode_context_lens, num_heads, 0.25, 0.0, 0, None, [], [], [],
         )
 
     with pytest.raises(RuntimeError, match=r"must each hold qkv, o, gate_up and down \(or qkv and o\)"):

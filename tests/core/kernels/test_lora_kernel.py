@@ -13,28 +13,31 @@ from ember_core.layers.lora import AdapterRows, LoRALinear
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
-IN, PARTS, BAND, SLOTS = 72, [40, 24, 24], 8, 3  # 72: past the last whole 8-lane step
+# An odd IN (its last term summed alone), parts and ranks that take every width of the kernel's sums
+# (16 or 32 lanes, 8, 1) and a part past one 64-output tile.
+IN, PARTS, BAND, SLOTS = 73, [100, 24, 37], 20, 3
 
 
 def _stacks(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[float]]:
-    """Slot 0: rank 8 on every part; slot 1: rank 3 on the first and last; slot 2: empty."""
-    rank, out = BAND * len(PARTS), sum(PARTS)
-    a, b_t = torch.zeros(SLOTS, rank, IN), torch.zeros(SLOTS, rank, out)
-    ranks = torch.tensor([[8, 8, 8], [3, 0, 3], [0, 0, 0]])
+    """Slot 0: ranks 20, 16 and 20; slot 1: 3 on the first part and 11 on the last; slot 2: empty. A is
+    transposed per part ([slots, parts, in, band]), B transposed ([slots, band, out])."""
+    a_t, b_t = torch.zeros(SLOTS, len(PARTS), IN, BAND), torch.zeros(SLOTS, BAND, sum(PARTS))
+    ranks = torch.tensor([[20, 16, 20], [3, 0, 11], [0, 0, 0]])
     starts = [0, *torch.tensor(PARTS).cumsum(0).tolist()]
     for slot in range(SLOTS):
         for part, used in enumerate(ranks[slot].tolist()):
-            band = slice(part * BAND, part * BAND + used)
-            a[slot, band] = torch.randn(used, IN, generator=generator)
-            b_t[slot, band, starts[part] : starts[part + 1]] = torch.randn(used, PARTS[part], generator=generator)
-    return a, b_t, ranks, [0.5, 2.0, 1.0]
+            a_t[slot, part, :, :used] = torch.randn(IN, used, generator=generator)
+            b_t[slot, :used, starts[part] : starts[part + 1]] = torch.randn(used, PARTS[part], generator=generator)
+    return a_t, b_t, ranks, [0.5, 2.0, 1.0]
 
 
-def _exact(y: torch.Tensor, x: torch.Tensor, a, b_t, slots: torch.Tensor, scales: list[float]) -> torch.Tensor:
+def _exact(y: torch.Tensor, x: torch.Tensor, a_t, b_t, slots: torch.Tensor, scales: list[float]) -> torch.Tensor:
     out = y.double().clone()
+    starts = [0, *torch.tensor(PARTS).cumsum(0).tolist()]
     for row, slot in enumerate(slots.tolist()):
-        if slot >= 0:
-            out[row] += scales[slot] * (x[row].double() @ a[slot].double().T) @ b_t[slot].double()
+        for part in range(len(PARTS)) if slot >= 0 else ():
+            columns = slice(starts[part], starts[part + 1])
+            out[row, columns] += scales[slot] * (x[row].double() @ a_t[slot, part].double()) @ b_t[slot, :, columns].double()
     return out
 
 
@@ -61,11 +64,12 @@ def test_each_row_gets_its_adapters_delta_whatever_shares_the_call(dtype: torch.
 def test_the_torch_fallback_agrees_with_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     generator = torch.Generator().manual_seed(4)
     base = torch.nn.Linear(IN, sum(PARTS), bias=False)
-    rows = AdapterRows()
+    rows = AdapterRows(SLOTS)
     linear = LoRALinear(base, PARTS, rows, SLOTS, BAND, torch.float32, torch.device("cpu"))
     for slot, rank in ((0, 8), (1, 3)):
         weights = [(torch.randn(rank, IN, generator=generator), torch.randn(p, rank, generator=generator)) for p in PARTS]
-        linear.set_adapter(slot, weights, scale=0.5 + slot)
+        linear.set_adapter(slot, weights)
+        rows.scales[slot] = 0.5 + slot
     x = torch.randn(6, IN, generator=generator)
     rows.set([0, -1, 1, 1, 0, -1], x.device)
     with torch.no_grad():
