@@ -81,8 +81,8 @@ class EngineConfig:
     # The adapters' A and B (vLLM's --lora-dtype): "auto" the model's dtype; "bfloat16" halves what a
     # float32 model's adapters read each step, their values rounded. Their products sum in float32.
     lora_dtype: LoRADtype = "auto"
-    # Adapters loaded at start, "name=path" each (a PEFT checkpoint's directory or Hub repo id);
-    # any turns enable_lora on.
+    # Adapters loaded at start, "name=path" each (lora/files.py: a PEFT checkpoint or a llama.cpp
+    # LoRA GGUF, by path or from the Hub); any turns enable_lora on.
     lora_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

@@ -83,8 +83,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the adapters' weights: auto = the model's dtype; bfloat16 halves what a float32 model's "
                              "adapters read each step (their values rounded)")
     parser.add_argument("--lora-modules", nargs="+", default=_env_list("lora_modules"), metavar="NAME=PATH",
-                        help="adapters to load at start: a PEFT checkpoint's directory or Hub repo id each, served "
-                             "as the model NAME (turns --enable-lora on)")
+                        help="adapters to load at start, each served as the model NAME (turns --enable-lora on): a "
+                             "PEFT checkpoint's directory or Hub repo id, or a llama.cpp LoRA .gguf (a file, or "
+                             "owner/repo/file.gguf on the Hub)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

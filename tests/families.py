@@ -26,6 +26,17 @@ WINDOW = TEST_WINDOW
 FAMILIES: dict[str, Family] = {name: family for name, family in ALL_FAMILIES.items() if family.decoder}
 
 
+# What a GGUF file cannot say, so llama.cpp reads these otherwise: a window in the llama
+# architecture (Mistral, Mixtral), Qwen 2's and Qwen3-MoE's sliding layers, a Gemma query scale other than head_dim^-1/2.
+GGUF_OVERRIDES = {
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(use_sliding_window=False),
+    "gemma2": dict(query_pre_attn_scalar=16),
+    "mixtral": dict(sliding_window=None),
+    "qwen3_moe": dict(use_sliding_window=False),
+}
+
+
 def hf_model(family: str, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
     row = FAMILIES[family]
     config = getattr(transformers, row.config_class)(**{**COMMON, **row.test_switches, **overrides})

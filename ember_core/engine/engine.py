@@ -27,8 +27,9 @@ from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.lora.peft_files import PeftAdapter, read_peft_adapter
+from ember_core.lora.files import read_adapter
 from ember_core.lora.slots import AdapterSlots
+from ember_core.lora.weights import AdapterWeights
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import SequenceChunk
@@ -162,13 +163,18 @@ class Engine:
         self.scheduler.add(seq)
 
     def add_adapter(self, name: str, path: str) -> None:
-        """Load a PEFT LoRA checkpoint (a directory or a Hub repo id) under name; ValueError, with
-        nothing loaded, when it cannot serve this model."""
+        """Load a LoRA adapter under name (lora/files.py: a PEFT checkpoint or a llama.cpp GGUF, by
+        path or from the Hub); ValueError, with nothing loaded, when it cannot serve this model."""
+        self.install_adapter(name, self.read_adapter(path))
+
+    def read_adapter(self, path: str) -> AdapterWeights:
+        """add_adapter's first half: the file read and checked against the model, nothing loaded (safe
+        on another thread)."""
         if self.adapters is None:
             raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
-        self.install_adapter(name, read_peft_adapter(path))
+        return read_adapter(path, self.adapters.config)
 
-    def install_adapter(self, name: str, adapter: PeftAdapter) -> None:
+    def install_adapter(self, name: str, adapter: AdapterWeights) -> None:
         """add_adapter's second half, for a checkpoint read already (the engine worker reads it on a
         thread of its own)."""
         if self.adapters is None:

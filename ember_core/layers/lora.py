@@ -18,6 +18,9 @@ multiplied on their own.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -36,6 +39,19 @@ class AdapterRows:
     def set(self, slots: list[int], device: torch.device) -> None:
         self.active = any(slot >= 0 for slot in slots)
         self.slots = torch.tensor(slots, dtype=torch.long, device=device) if self.active else None
+
+    @contextlib.contextmanager
+    def selecting(self, rows: list[int]) -> Iterator[None]:
+        """Within: the slots of `rows` only, for a linear that runs on those rows of the step (the
+        output head on the rows that sample)."""
+        slots, active = self.slots, self.active
+        if slots is not None:
+            self.slots = slots[rows]
+            self.active = bool((self.slots >= 0).any())
+        try:
+            yield
+        finally:
+            self.slots, self.active = slots, active
 
     def groups(self) -> list[tuple[int, torch.Tensor]]:
         """(slot, its rows) for each adapter present: the torch path's gathers."""

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
+from ember_core.lora.weights import AdapterWeights
+
 _PREFIX = "base_model.model."
-
-
-@dataclass(frozen=True)
-class PeftAdapter:
-    rank: int
-    scale: float
-    # the base model's module name ("model.layers.0.self_attn.q_proj") -> (A [r, in], B [out, r])
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+# PEFT saves an adapted head's own weight beside its A and B (save_embedding_layers): the base
+# model's, unless the vocabulary was resized, which then shows in B's rows. Skipped, as llama.cpp's
+# convert_lora_to_gguf.py skips it.
+_BASE_LAYER = ".base_layer.weight"
 
 
 def _local_dir(path: str) -> Path:
@@ -54,7 +51,7 @@ def _config(folder: Path) -> dict:
     return config
 
 
-def read_peft_adapter(path: str) -> PeftAdapter:
+def read_peft_adapter(path: str) -> AdapterWeights:
     folder = _local_dir(path)
     config = _config(folder)
     rank, alpha = int(config["r"]), float(config["lora_alpha"])
@@ -65,6 +62,8 @@ def read_peft_adapter(path: str) -> PeftAdapter:
         raise ValueError(f"{folder} has no adapter_model.safetensors") from None
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
+        if key.endswith(_BASE_LAYER):
+            continue
         module, _, kind = key.removeprefix(_PREFIX).rpartition(".lora_")
         if kind not in ("A.weight", "B.weight"):
             raise ValueError(f"adapter {folder.name}: unexpected tensor {key!r}")
@@ -74,4 +73,4 @@ def read_peft_adapter(path: str) -> PeftAdapter:
         if set(pair) != {"A", "B"} or pair["A"].shape[0] != rank or pair["B"].shape[1] != rank:
             raise ValueError(f"adapter {folder.name}: {module} needs lora_A [{rank}, in] and lora_B [out, {rank}]")
         weights[module] = (pair["A"], pair["B"])
-    return PeftAdapter(rank, scale, weights)
+    return AdapterWeights(rank, scale, weights)

@@ -1,5 +1,5 @@
 """The adapters an engine serves, and the max_loras slots of the model's linears they run from: the
-attention and MLP linears are wrapped in LoRALinears once, at engine start. A loaded adapter is
+attention and MLP linears and the output head are wrapped in LoRALinears once, at engine start. A loaded adapter is
 checked against the model and kept (in CPU memory); it takes a slot when a request of it is
 admitted, the least recently used slot no running request holds giving way (LRU), and a request
 whose adapter finds every slot held waits in the queue until one is released.
@@ -19,17 +19,21 @@ from ember_core.config import LoRADtype
 from ember_core.engine.sequence import Sequence
 from ember_core.layers.lora import AdapterRows, LoRALinear
 from ember_core.layers.mlp import MLP
-from ember_core.lora.peft_files import PeftAdapter
+from ember_core.lora.weights import AdapterWeights
+from ember_core.models.decoder import Decoder
 
 _LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_HEAD = "lm_head"
 
 
 class AdapterSlots:
     def __init__(self, model: nn.Module, max_loras: int, max_rank: int, lora_dtype: LoRADtype = "auto") -> None:
-        if not hasattr(model, "fused_shards"):
-            raise ValueError(f"LoRA adapters are not supported for {type(model).__name__} models")
+        if not isinstance(model, Decoder):
+            raise ValueError(f"LoRA adapters are not supported for {type(model).__name__} models")  # noqa: TRY004 -- a setting refused
+        self.config = model.config  # what an adapter's file is read against
         param = next(model.parameters())
-        dtype = param.dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)  # the A and B stacks'
+        self._dtype = param.dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)  # the A and B stacks'
+        self._device = param.device
         self.rows = AdapterRows(max_loras)
         self.max_loras, self.max_rank = max_loras, max_rank
         self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module name -> (linear, part)
@@ -42,29 +46,43 @@ class AdapterSlots:
                 parent_path, _, attribute = path.rpartition(".")
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
-                linear = LoRALinear(
-                    getattr(parent, attribute), [rows for _, rows in parts], self.rows, max_loras, max_rank, dtype, param.device
-                )
-                setattr(parent, attribute, linear)
-                self._linears.append(linear)
-                for part, (name, _) in enumerate(parts):
-                    self.targets[f"model.layers.{index}.{name}"] = (linear, part)
-        self._adapters: dict[str, tuple[PeftAdapter, dict[LoRALinear, list]]] = {}  # name -> (adapter, its parts)
+                self._wrap(parent, attribute, [(f"model.layers.{index}.{name}", rows) for name, rows in parts])
+        self._model = model  # its head is wrapped when an adapter first adapts it (_wrap_head)
+        self._adapters: dict[str, tuple[AdapterWeights, dict[LoRALinear, list]]] = {}  # name -> (adapter, its parts)
         self._slot_of: dict[str, int] = {}  # adapters in a slot
         self._holders = [0] * max_loras  # per slot, the admitted requests running with it
         self._last_used = [0] * max_loras  # per slot, when a request last took it (a counter)
         self._clock = itertools.count(1)
+
+    def _wrap(self, parent: nn.Module, attribute: str, parts: list[tuple[str, int]]) -> None:
+        """parent.attribute in a LoRALinear; parts: the PEFT module name and the rows of each part."""
+        linear = LoRALinear(
+            getattr(parent, attribute), [rows for _, rows in parts], self.rows, self.max_loras, self.max_rank, self._dtype,
+            self._device,
+        )
+        setattr(parent, attribute, linear)
+        self._linears.append(linear)
+        for part, (name, _) in enumerate(parts):
+            self.targets[name] = (linear, part)
+
+    def _wrap_head(self) -> None:
+        """The output head's slots, made only once an adapter needs them: B^T is vocabulary x rank x
+        max_loras values, as large as the linears of a few layers. Its slots start empty, as every
+        adapter loaded before leaves the head."""
+        self._wrap(self._model, _HEAD, [(_HEAD, self._model.lm_head.out_features)])
 
     @property
     def names(self) -> list[str]:
         """The adapters loaded, in a slot or not."""
         return list(self._adapters)
 
-    def load(self, name: str, adapter: PeftAdapter) -> None:
+    def load(self, name: str, adapter: AdapterWeights) -> None:
         """Keep the adapter, in a free slot if there is one; ValueError, with nothing loaded, when it
         does not fit this model."""
         if adapter.rank > self.max_rank:
             raise ValueError(f"adapter {name} has rank {adapter.rank}, above --max-lora-rank {self.max_rank}")
+        if _HEAD in adapter.weights and _HEAD not in self.targets:
+            self._wrap_head()
         unknown = sorted(set(adapter.weights) - set(self.targets))
         if unknown:
             raise ValueError(f"adapter {name} targets modules this model has no adaptable linear for: {unknown[:3]}")

@@ -156,7 +156,7 @@ class ModelRunner:
         rows = [row for c, end in zip(chunks, token_ends) for row in range(end - len(c.sampling), end)]
         sampled = iter([])
         if rows:
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self._logits(hidden, rows)
             sampled = iter(sample(logits, [request for c in chunks for request in c.sampling]))
         scored = iter(self._score_prompts(hidden, chunks, token_starts))
         return [
@@ -168,6 +168,13 @@ class ModelRunner:
             for c, start in zip(chunks, token_starts)
         ]
 
+    def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """The logits of some rows of the step, through their adapters' heads where they have one."""
+        if self.adapter_rows is None:
+            return self.model.compute_logits(hidden[rows])
+        with self.adapter_rows.selecting(rows):
+            return self.model.compute_logits(hidden[rows])
+
     def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:
         rows, next_ids, num_top = [], [], []
         for chunk, token_start in zip(chunks, token_starts):
@@ -178,7 +185,7 @@ class ModelRunner:
                 num_top.extend([chunk.scoring.num_top] * len(chunk.scoring.next_token_ids))
         if not rows:
             return []
-        logits = self.model.compute_logits(hidden[rows])
+        logits = self._logits(hidden, rows)
         return scored_tokens(logits, torch.tensor(next_ids, device=logits.device), num_top)
 
 

@@ -114,7 +114,7 @@ def plan_tensors(
         if expert := _EXPERT_TENSOR.fullmatch(hf_name):
             experts.setdefault(f"{expert[1]}.{expert[3]}.weight", []).append((int(expert[2]), path, hf_name))
             continue
-        kind, name = _gguf_name(hf_name, name_map, dense_names, family)
+        kind, name = gguf_name(hf_name, name_map, dense_names, family)
         shape = tuple(transform(hf_name, torch.empty(shape, device="meta"), config, family).shape)
         qtype = _tensor_type(name, kind, shape, default_qtype)
         plan.append(PlannedTensor(name, qtype, shape, _loader(path, hf_name, config, family)))
@@ -122,13 +122,13 @@ def plan_tensors(
         parts.sort()
         if [index for index, _, _ in parts] != list(range(len(parts))):
             raise ValueError(f"{stacked_name}: the checkpoint's experts are not numbered 0 to {len(parts) - 1}")
-        kind, name = _gguf_name(stacked_name, name_map, dense_names, family)
+        kind, name = gguf_name(stacked_name, name_map, dense_names, family)
         shape = (len(parts), *checkpoint[parts[0][2]][1])
         plan.append(PlannedTensor(name, _tensor_type(name, kind, shape, default_qtype), shape, _stacked_loader(parts)))
     return plan
 
 
-def _gguf_name(
+def gguf_name(
     hf_name: str, name_map: gguf.TensorNameMap, dense_names: gguf.TensorNameMap, family: GGUFFamily
 ) -> tuple[gguf.MODEL_TENSOR, str]:
     mapped = name_map.get_type_and_name(hf_name, try_suffixes=(".weight", ".bias"))

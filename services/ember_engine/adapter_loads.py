@@ -8,14 +8,14 @@ import queue
 import threading
 
 from ember_core.engine.engine import Engine
-from ember_core.lora.peft_files import PeftAdapter, read_peft_adapter
+from ember_core.lora.weights import AdapterWeights
 from ember_proto import AdapterDone, LoadAdapter, UnloadAdapter
 
 
 class AdapterLoads:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._read: queue.SimpleQueue[tuple[bytes, LoadAdapter, PeftAdapter | Exception]] = queue.SimpleQueue()
+        self._read: queue.SimpleQueue[tuple[bytes, LoadAdapter, AdapterWeights | Exception]] = queue.SimpleQueue()
 
     @property
     def names(self) -> list[str]:
@@ -32,7 +32,7 @@ class AdapterLoads:
 
     def _read_checkpoint(self, identity: bytes, message: LoadAdapter) -> None:
         try:
-            self._read.put((identity, message, read_peft_adapter(message.path)))
+            self._read.put((identity, message, self.engine.read_adapter(message.path)))
         except Exception as exc:  # noqa: BLE001 -- any failure to read is the load's answer, a 400
             self._read.put((identity, message, exc))
 

@@ -1,7 +1,7 @@
-"""LoRA adapters served end to end (`ember serve --lora-modules`, then loaded and unloaded while
-serving) through the OpenAI SDK: each adapter is a model whose completions equal the offline
-engine's with that adapter, /v1/models names its parent, and bad loads and unknown names get
-OpenAI error bodies."""
+"""LoRA adapters served end to end (`ember serve --lora-modules`, then one loaded and unloaded
+while serving, as a llama.cpp LoRA GGUF) through the OpenAI SDK: each adapter is a model whose
+completions equal the offline engine's with that adapter, /v1/models names its parent, and bad
+loads and unknown names get OpenAI error bodies."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from ember_bench.gguf_lora_export import export_lora_gguf
 from ember_bench.random_models import random_checkpoint
 from ember_core import LLM, LoRARequest, SamplingParams
 from tests.processes import served
@@ -55,7 +56,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, opena
     with served(model_dir, root / "serve.log", "--model-name", "base", "--lora-modules", f"first={first}",
                 "--max-loras", "2") as url:  # fmt: skip
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        yield url, client, {"expected": expected, "second": str(second)}
+        # loaded while serving as llama.cpp's GGUF of the same adapter (float32: the same tokens)
+        second_gguf = export_lora_gguf(second, model_dir, root / "second.gguf", "F32")
+        yield url, client, {"expected": expected, "second": str(second_gguf)}
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:

@@ -191,7 +191,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 
 class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
     """vLLM's POST /v1/load_lora_adapter: a PEFT checkpoint (a directory on the engines' hosts, or a
-    Hub repo id) served as the model lora_name."""
+    Hub repo id) or a llama.cpp LoRA GGUF (a .gguf file, or owner/repo/file.gguf on the Hub) served as
+    the model lora_name."""
 
     lora_name: Annotated[str, Meta(min_length=1)]
     lora_path: Annotated[str, Meta(min_length=1)]

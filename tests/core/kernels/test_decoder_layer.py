@@ -16,8 +16,8 @@ from ember_core import LLM
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import StackedBlockLinear
 from ember_core.loaders import load_model
-from ember_core.lora.peft_files import PeftAdapter
 from ember_core.lora.slots import AdapterSlots
+from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
@@ -122,7 +122,7 @@ def test_mixed_format_linears_of_k_quant_files(numerics: str, dtype: str) -> Non
         _assert_fused_layers_match_modules(llm.engine.runner)
 
 
-def _random_adapter(slots: AdapterSlots, rank: int, seed: int, skip: str) -> PeftAdapter:
+def _random_adapter(slots: AdapterSlots, rank: int, seed: int, skip: str) -> AdapterWeights:
     """Every target of the model but those whose name holds `skip`, A and B drawn at random."""
     generator = torch.Generator().manual_seed(seed)
     weights = {}
@@ -130,7 +130,7 @@ def _random_adapter(slots: AdapterSlots, rank: int, seed: int, skip: str) -> Pef
         if skip not in module:
             a = torch.randn(rank, linear.in_features, generator=generator) / linear.in_features**0.5
             weights[module] = (a, torch.randn(linear.parts[part], rank, generator=generator) / rank)
-    return PeftAdapter(rank, 2.0 / rank, weights)
+    return AdapterWeights(rank, 2.0 / rank, weights)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "phi3", "qwen2_moe"])

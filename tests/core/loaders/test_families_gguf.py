@@ -17,17 +17,8 @@ from ember_core import LLM, SamplingParams
 from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.models.decoder import Decoder
-from tests.families import FAMILIES, token_prompts, write_checkpoint
+from tests.families import FAMILIES, GGUF_OVERRIDES, token_prompts, write_checkpoint
 
-# What a GGUF file cannot say, so llama.cpp reads these otherwise: a window in the llama
-# architecture (Mistral, Mixtral), Qwen 2's and Qwen3-MoE's sliding layers, a Gemma query scale other than head_dim^-1/2.
-GGUF_OVERRIDES = {
-    "mistral": dict(sliding_window=None),
-    "qwen2": dict(use_sliding_window=False),
-    "gemma2": dict(query_pre_attn_scalar=16),
-    "mixtral": dict(sliding_window=None),
-    "qwen3_moe": dict(use_sliding_window=False),
-}
 PROMPT_LENGTHS = (3, 20, 70)
 MAX_TOKENS = 10
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)

@@ -8,64 +8,33 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-import transformers
-from peft import LoraConfig, PeftModel, get_peft_model
 
 from ember_bench.gguf_export import export_gguf
-from ember_core import LLM, LoRARequest, SamplingParams
+from ember_core import LLM, LoRARequest
 from ember_core.engine.intake import RequestRejected
 from tests.conftest import assert_pool_free
+from tests.core.lora.peft_reference import ADAPTERS, ATTENTION, GREEDY, PROMPT_LENGTHS, peft_greedy, write_adapter
 from tests.families import token_prompts, write_checkpoint
 
-MAX_TOKENS = 10
-GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-# 150 rows: past the fused decoder layer's 128, so prefill runs layer by layer too.
-PROMPT_LENGTHS = (5, 23, 150)
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP = ["gate_proj", "up_proj", "down_proj"]
-# (rank, targets, rsLoRA) of the adapters each family serves at once
-ADAPTERS = [(8, ATTENTION + MLP, False), (4, ["q_proj", "v_proj"], True), (16, ["k_proj", "down_proj", "up_proj"], False)]
-
-
-def _write_adapter(model_dir: Path, path: Path, rank: int, targets: list[str], rslora: bool, seed: int) -> None:
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.manual_seed(seed)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, use_rslora=rslora, init_lora_weights=False)
-    adapted = get_peft_model(base, config)
-    with torch.no_grad():  # B and A of the size a trained adapter's delta has against these weights
-        for name, param in adapted.named_parameters():
-            if "lora_" in name:
-                param.normal_(0.0, 0.3 / rank**0.5)
-    adapted.save_pretrained(path)
-
-
-def _peft_greedy(model_dir: Path, adapter: Path | None, prompt: list[int]) -> list[int]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if adapter is not None:
-        model = PeftModel.from_pretrained(model, adapter).eval()
-    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=generation)[
-            0, len(prompt) :
-        ].tolist()
+# phi3's checkpoint fuses q, k, v and gate, up
+_PHI3_TARGETS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3", "mixtral", "qwen2_moe"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """A family's checkpoint and its adapters; phi3 has fused qkv and gate/up in its checkpoint, the
-    mixtures of experts adapt their attention only (their experts, the shared one too, take none)."""
+    """A family's checkpoint and its adapters, one of them over the output head; phi3 has fused qkv
+    and gate/up in its checkpoint, the mixtures of experts adapt their attention only (their experts,
+    the shared one too, take none)."""
     family = request.param
     root = tmp_path_factory.mktemp(f"lora-{family}")
     write_checkpoint(family, root / "base")
     adapters = []
     for index, (rank, targets, rslora) in enumerate(ADAPTERS):
         if family == "phi3":
-            targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"][: len(targets)]
+            targets = sorted({_PHI3_TARGETS.get(t, t) for t in targets})
         if family in ("mixtral", "qwen2_moe"):
-            targets = [t for t in targets if t in ATTENTION]
-        _write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
+            targets = [t for t in targets if t in ATTENTION or t == "lm_head"]
+        write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
         adapters.append(LoRARequest(f"{family}-{index}", index + 1, str(root / f"adapter{index}")))
     return root / "base", adapters
 
@@ -75,7 +44,7 @@ def test_each_adapter_alone_and_all_mixed_with_the_base_equal_peft(served) -> No
     prompts = token_prompts(PROMPT_LENGTHS)
     choices = [None, *adapters]
     expected = {
-        (c.lora_name if c else "", i): _peft_greedy(model_dir, Path(c.lora_path) if c else None, p)
+        (c.lora_name if c else "", i): peft_greedy(model_dir, Path(c.lora_path) if c else None, p)
         for c in choices for i, p in enumerate(prompts)
     }  # fmt: skip
     # the adapters change the tokens, or this test could not tell them from the base
@@ -127,13 +96,14 @@ def test_bad_adapters_are_refused_and_leave_nothing_loaded(served, tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def llama_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path], list[LoRARequest]]:
-    """A llama checkpoint, its GGUF files (F32, and Q8_0 blocks), and two adapters over it."""
+    """A llama checkpoint, its GGUF files (F32, and Q8_0 blocks), and two adapters over it, one of
+    them over the head too."""
     root = tmp_path_factory.mktemp("lora-gguf")
     write_checkpoint("llama", root / "base")
     files = {kind: export_gguf(root / "base", root / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}
     adapters = []
-    for index, (rank, targets, rslora) in enumerate(ADAPTERS[:2]):
-        _write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=10 + index)
+    for index, (rank, targets, rslora) in enumerate([ADAPTERS[0], ADAPTERS[3]]):
+        write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=10 + index)
         adapters.append(LoRARequest(f"gguf-{index}", index + 1, str(root / f"adapter{index}")))
     return root / "base", files, adapters
 
@@ -144,7 +114,7 @@ def test_an_adapter_over_a_gguf_file_equals_peft_over_its_checkpoint(llama_files
     prompts = token_prompts(PROMPT_LENGTHS)
     llm = LLM(str(files["F32"]), num_blocks=256, block_size=4, device="cpu", dtype="float32", enable_lora=True)
     for adapter in adapters:
-        expected = [_peft_greedy(model_dir, Path(adapter.lora_path), p) for p in prompts]
+        expected = [peft_greedy(model_dir, Path(adapter.lora_path), p) for p in prompts]
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, lora_request=adapter)] == expected
 
 

@@ -1,0 +1,16 @@
+"""An adapter's file, whichever kind: a PEFT checkpoint or a llama.cpp LoRA GGUF."""
+
+from __future__ import annotations
+
+from ember_core.lora.gguf_files import read_gguf_adapter
+from ember_core.lora.peft_files import read_peft_adapter
+from ember_core.lora.weights import AdapterWeights
+from ember_core.models.decoder_config import DecoderConfig
+
+
+def read_adapter(path: str, config: DecoderConfig) -> AdapterWeights:
+    """A .gguf path (a file, or owner/repo/file.gguf on the Hub) is llama.cpp's format; anything else
+    a PEFT checkpoint (a directory, or a Hub repo id)."""
+    if path.endswith(".gguf"):
+        return read_gguf_adapter(path, config)
+    return read_peft_adapter(path)
