@@ -99,3 +99,11 @@ def served(model: Path | str, log: Path, *extra: str) -> Iterator[str]:
         )
         assert process.poll() is None, log.read_text()
         yield url
+
+
+def child_pids(serve_pid: int, module: str, exclude: list[int] | None = None) -> list[int]:
+    """The pids of the processes serve_pid started that run `module` (ember_engine, ember_gateway)."""
+    children = [int(child) for child in Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()]
+    return [
+        pid for pid in children if pid not in (exclude or []) and module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]

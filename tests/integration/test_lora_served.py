@@ -6,7 +6,9 @@ loads and unknown names get OpenAI error bodies."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from transformers import AutoModelForCausalLM
 from ember_bench.gguf_lora_export import export_lora_gguf
 from ember_bench.random_models import random_checkpoint
 from ember_core import LLM, LoRARequest, SamplingParams
-from tests.processes import served
+from tests.processes import STARTUP_TIMEOUT_S, child_pids, free_port, served, spawned, stop_process, wait_until
 
 PROMPT = "The adapter says"
 
@@ -58,7 +60,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, opena
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         # loaded while serving as llama.cpp's GGUF of the same adapter (float32: the same tokens)
         second_gguf = export_lora_gguf(second, model_dir, root / "second.gguf", "F32")
-        yield url, client, {"expected": expected, "second": str(second_gguf)}
+        yield url, client, {"expected": expected, "second": str(second_gguf), "model_dir": str(model_dir)}
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -118,3 +120,31 @@ def test_bad_loads_and_unknown_adapters_are_openai_errors(setup, tmp_path: Path)
     status, error = _post(f"{url}/v1/unload_lora_adapter", {"lora_name": "nobody"})
     assert status == 404 and error["error"]["code"] == "model_not_found"
     assert {model.id for model in client.models.list().data} == {"base", "first"}
+
+
+def test_an_adapter_loaded_while_serving_is_loaded_again_when_its_engine_restarts(setup, tmp_path: Path) -> None:
+    """A stream of a runtime adapter whose engine is killed mid-generation waits (--engine-resume-wait)
+    for the restarted engine, which gets the adapter again first, and ends with the tokens it would
+    have had; the adapter is then served as before."""
+    data = setup[2]
+    port, log = free_port(), tmp_path / "serve.log"
+    argv = ["-m", "ember_cli", "serve", "--model", data["model_dir"], "--model-name", "base", "--port", str(port),
+            "--dtype", "float32", "--num-blocks", "64", "--enable-lora", "--engine-resume-wait", "120"]  # fmt: skip
+    with spawned(argv, log) as process:
+        wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
+        url = f"http://127.0.0.1:{port}"
+        assert _post(f"{url}/v1/load_lora_adapter", {"lora_name": "second", "lora_path": data["second"]})[0] == 200
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        request = {"model": "second", "prompt": PROMPT, "max_tokens": 120, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        expected = client.completions.create(**request).choices[0].text
+        stream = client.completions.create(**request, stream=True)
+        text = next(iter(stream)).choices[0].text
+        engine = child_pids(process.pid, "ember_engine")[0]
+        os.kill(engine, signal.SIGSTOP)  # mid-generation
+        os.kill(engine, signal.SIGKILL)
+        text += "".join(chunk.choices[0].text for chunk in stream)
+        assert text == expected
+        assert "loaded LoRA adapter second again on engine" in log.read_text()
+        assert _text(client, "second") == data["expected"]["second"]
+        process.send_signal(signal.SIGTERM)
+        assert stop_process(process, timeout=30) == 0

@@ -17,6 +17,7 @@ from ember_core import LLM, SamplingParams
 from tests.gateway.conftest import parse_sse
 from tests.processes import (
     STARTUP_TIMEOUT_S,
+    child_pids,
     engine_argv,
     free_port,
     http_status,
@@ -144,13 +145,6 @@ def test_ember_serve_runs_the_default_model_and_stops_cleanly(tmp_path: Path) ->
     assert http_status(f"{url}/health") == 0  # nothing listens any more
 
 
-def _child_pids(serve_pid: int, module: str, exclude: list[int] | None = None) -> list[int]:
-    children = [int(child) for child in Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()]
-    return [
-        pid for pid in children if pid not in (exclude or []) and module.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-
-
 def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloads(model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -163,8 +157,8 @@ def test_ember_serve_restarts_an_engine_killed_after_serving_even_while_it_reloa
         before = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
         killed = []
         for kill in range(2):  # the second kill lands while the restarted engine is still loading
-            wait_until(lambda: bool(_child_pids(process.pid, "ember_engine", exclude=killed)), 30, "an engine process")
-            killed.append(_child_pids(process.pid, "ember_engine", exclude=killed)[0])
+            wait_until(lambda: bool(child_pids(process.pid, "ember_engine", exclude=killed)), 30, "an engine process")
+            killed.append(child_pids(process.pid, "ember_engine", exclude=killed)[0])
             os.kill(killed[-1], signal.SIGKILL)
             restarts = kill + 1
             wait_until(lambda: log.read_text().count("the engine exited with signal SIGKILL; restarting it") == restarts,  # noqa: B023 - waited on at once
@@ -192,7 +186,7 @@ def test_with_engine_resume_wait_a_stream_whose_engine_is_killed_goes_on_with_th
         expected = client.completions.create(**request).choices[0].text
         stream = client.completions.create(**request, stream=True)
         text = next(iter(stream)).choices[0].text
-        engine = _child_pids(process.pid, "ember_engine")[0]
+        engine = child_pids(process.pid, "ember_engine")[0]
         os.kill(engine, signal.SIGSTOP)  # mid-generation, before the rest of its 200 tokens
         os.kill(engine, signal.SIGKILL)
         chunks = list(stream)
@@ -224,7 +218,7 @@ def test_ember_serve_on_port_0_names_its_port_and_keeps_it_when_the_gateway_rest
         assert port != 0
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         before = client.completions.create(model=str(model_dir), prompt="hello", max_tokens=4, temperature=0).choices[0].text
-        os.kill(_child_pids(process.pid, "ember_gateway")[0], signal.SIGKILL)
+        os.kill(child_pids(process.pid, "ember_gateway")[0], signal.SIGKILL)
         # Sent at once on a new connection (the client's kept-alive one died with the gateway):
         # `ember serve` keeps the socket open, so it waits in the backlog, then the request waits
         # in the new gateway until its engine answers.

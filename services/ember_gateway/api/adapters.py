@@ -1,11 +1,11 @@
 """POST /v1/load_lora_adapter and /v1/unload_lora_adapter, in vLLM's shapes: a LoRA adapter loaded on
 every engine taking requests, or on none (where one refuses, the others unload it again), then
-served as a model of its own, its `parent` the engine's model."""
+served as a model of its own, its `parent` the engine's model, and loaded again on an engine that
+restarts or joins (engines/loaded_adapters.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 from aiohttp import web
 
@@ -15,11 +15,9 @@ from ember_gateway.api.response_bodies import AdapterChange
 from ember_gateway.edge.errors import ApiError, engine_unavailable
 from ember_gateway.edge.intake import check_framing, read_body
 from ember_gateway.engines.client import EngineClient
+from ember_gateway.engines.loaded_adapters import ADAPTER_TIMEOUT_S, adapter_message
 from ember_gateway.state import STATE, GatewayState
 from ember_proto import AdapterDone, LoadAdapter, UnloadAdapter
-
-# A load reads the checkpoint on each engine's host, or downloads it from the Hub first.
-ADAPTER_TIMEOUT_S = 300.0
 
 
 async def _accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayState, Body]:
@@ -32,7 +30,7 @@ async def _accept(request: web.Request, body_type: type[Body]) -> tuple[GatewayS
 
 async def _change(engines: list[EngineClient], make: type[LoadAdapter | UnloadAdapter], *args: str) -> list[AdapterDone]:
     return list(await asyncio.gather(
-        *(engine.change_adapter(make(f"adapter-{uuid.uuid4().hex}", *args), ADAPTER_TIMEOUT_S) for engine in engines)
+        *(engine.change_adapter(adapter_message(make, *args), ADAPTER_TIMEOUT_S) for engine in engines)
     ))  # fmt: skip
 
 
@@ -51,6 +49,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         loaded = [engine for engine, answer in zip(engines, answers) if answer.code == 200]
         await _change(loaded, UnloadAdapter, body.lora_name)
         raise _refusal(refused, "lora_path")
+    state.pool.loaded_adapters.paths[body.lora_name] = body.lora_path
     return json_response(AdapterChange(
         object="lora_adapter", lora_name=body.lora_name, status="loaded",
         message=f"Success: LoRA adapter '{body.lora_name}' added successfully.",
@@ -65,6 +64,7 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     refused = next((answer for answer in await _change(engines, UnloadAdapter, body.lora_name) if answer.code != 200), None)
     if refused is not None:
         raise _refusal(refused, "lora_name")
+    state.pool.loaded_adapters.paths.pop(body.lora_name, None)
     return json_response(AdapterChange(
         object="lora_adapter", lora_name=body.lora_name, status="unloaded",
         message=f"Success: LoRA adapter '{body.lora_name}' removed successfully.",

@@ -5,7 +5,8 @@ A request goes to an engine serving its model. The requests in flight on an engi
 draining or refusing new work move to another engine of the same model, which continues each from
 the tokens it already sent; each such move counts as a migration. A lost engine's requests that no
 engine takes wait `resume_wait_s` for a restarted engine at its address (Parking), or fail with a
-503, so no handler waits forever; a draining engine's stay there to finish.
+503, so no handler waits forever; a draining engine's stay there to finish. An engine that comes
+back, or joins, gets the LoRA adapters loaded while serving before it resumes (LoadedAdapters).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ember_core.config import EngineConfig
 from ember_gateway.edge.errors import engine_unavailable
 from ember_gateway.engines.client import EngineClient
 from ember_gateway.engines.inflight import EngineFailure, InFlight, InFlightRequest, Output, fail
+from ember_gateway.engines.loaded_adapters import LoadedAdapters
 from ember_gateway.engines.parking import Parking
 from ember_gateway.engines.router import Candidate, choose
 from ember_gateway.engines.served_model import ServedModel
@@ -81,6 +83,8 @@ class EnginePool:
         self.migrations = 0
         self._turns = itertools.count()
         self._dns_task: asyncio.Task[None] | None = None
+        self.loaded_adapters = LoadedAdapters()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         for address in self._static:
@@ -90,9 +94,10 @@ class EnginePool:
             self._dns_task = asyncio.create_task(self._dns_loop(), name="dns")
 
     async def close(self) -> None:
-        if self._dns_task is not None:
-            self._dns_task.cancel()
-            await asyncio.gather(self._dns_task, return_exceptions=True)
+        tasks = [*self._tasks, *([self._dns_task] if self._dns_task is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(client.close() for client in self.clients.values()))
         self._parking.fail(None, "the gateway is shutting down")
 
@@ -154,6 +159,15 @@ class EnginePool:
         self._parking.fail(None, f"the engine became unavailable ({reason})")
 
     def engine_ready(self, client: EngineClient) -> None:
+        if not self.loaded_adapters.missing_on(client):
+            self._parking.resume(client)
+            return
+        task = asyncio.create_task(self._restore_adapters(client), name=f"adapters-{client.address}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore_adapters(self, client: EngineClient) -> None:
+        await self.loaded_adapters.restore(client)
         self._parking.resume(client)
 
     def engine_lost(self, client: EngineClient, reason: str, in_flight: InFlight) -> None:
