@@ -1,6 +1,7 @@
 """GET /dashboard in headless Chromium, driven over the DevTools protocol, against `ember serve
 --data-parallel-size 2` serving the default model: the page shows both engines, their blocks turn
-from free to held under load and back to free after it, and a screenshot taken under load is written
+from free to held under load and back to free after it, the models table counts the requests and
+tokens, and a screenshot taken under load is written
 next to the test's logs (dashboard.png). Hovering a held block names the request holding it."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ HUGE_POOL = """(() => {
     return {blocksPerCell: Number(root.dataset.blocksPerCell), height: root.querySelector('canvas.blocks').clientHeight,
             held: Number(root.dataset.held)};
 })()"""
+MODEL_ROW = """[...(document.querySelector('#models tbody tr') ?? {cells: []}).cells].map(cell => cell.textContent)"""
 ENGINES = """[...document.querySelectorAll('.engine')].map(e => ({
     id: e.dataset.engineId, held: Number(e.dataset.held), free: Number(e.dataset.free)}))"""
 
@@ -143,5 +145,7 @@ async def test_the_page_shows_both_engines_blocks_held_under_load_and_freed_afte
             await load
             await page.until(ENGINES, lambda engines: all(e["held"] == 0 for e in engines), "every block free again")
             assert await page.evaluate("document.getElementById('tokens-per-s').textContent") != "–"
+            row = await page.until(MODEL_ROW, lambda cells: bool(cells) and int(cells[3]) >= 16, "the model's 16 requests")
+            assert row[:3] == [health["model"], "", "2"] and int(row[5]) >= 16 * 48
             huge = await page.evaluate(HUGE_POOL)
             assert huge["blocksPerCell"] > 1 and huge["height"] <= 40 * 9 and huge["held"] == 65536 // 3

@@ -1,7 +1,7 @@
 """LoRA adapters served end to end (`ember serve --lora-modules`, then one loaded and unloaded
 while serving, as a llama.cpp LoRA GGUF) through the OpenAI SDK: each adapter is a model whose
-completions equal the offline engine's with that adapter, /v1/models names its parent, and bad
-loads and unknown names get OpenAI error bodies."""
+completions equal the offline engine's with that adapter, /v1/models names its parent, the
+dashboard's feed counts its requests, and bad loads and unknown names get OpenAI error bodies."""
 
 from __future__ import annotations
 
@@ -94,6 +94,20 @@ def test_adapters_are_models_with_their_own_completions(setup) -> None:
         metrics = answer.read().decode()
     assert re.search(r'ember_lora_adapter_info\{[^}]*model_name="first"[^}]*parent="base"[^}]*\} 1', metrics), metrics[-2000:]
     assert re.search(r'ember_generation_tokens_total\{model_name="first"\} (\d+)', metrics)
+    update = _dashboard_update(url)
+    models = {model["name"]: model for model in update["models"]}
+    assert models["first"]["parent"] == "base" and models["first"]["engines"] == 1
+    assert models["first"]["requests"] >= 3 and models["first"]["generation_tokens"] > 0  # completion, chat, responses
+    assert models["base"]["parent"] is None and models["base"]["requests"] >= 1
+
+
+def _dashboard_update(url: str) -> dict:
+    """The first update GET /dashboard/events sends."""
+    with urllib.request.urlopen(f"{url}/dashboard/events", timeout=30) as feed:
+        line = b""
+        while not line.startswith(b"data: "):
+            line = feed.readline()
+    return json.loads(line[len(b"data: "):])
 
 
 def test_an_adapter_loaded_while_serving_then_unloaded(setup) -> None:

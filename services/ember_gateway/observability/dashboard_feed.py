@@ -1,9 +1,11 @@
-"""What GET /dashboard/events sends: every engine's latest block map, queues and steps, and this
-gateway's cumulative counters, from which the page draws rates and latencies over time."""
+"""What GET /dashboard/events sends: every engine's latest block map, queues and steps, each model's
+and LoRA adapter's engines and counts, and this gateway's cumulative counters, from which the page
+draws rates and latencies over time."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import msgspec
 from prometheus_client.metrics import MetricWrapperBase
@@ -11,7 +13,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from ember_gateway.api.response_bodies import Shape
 from ember_gateway.engines.client import EngineClient
 from ember_gateway.engines.pool import EnginePool
-from ember_gateway.observability.metrics import GatewayMetrics
+from ember_gateway.observability.metrics import LABEL, GatewayMetrics
 
 
 class StepView(Shape):
@@ -54,9 +56,22 @@ class Totals(Shape):
     routing_decisions: dict[str, int]
 
 
+class ModelView(Shape):
+    """A model the engines serve, or a LoRA adapter over one (parent: its base model's name), and
+    this gateway's counts of it since it started."""
+
+    name: str
+    parent: str | None
+    engines: int  # taking requests, with it loaded
+    requests: float  # finished with stop or length
+    prompt_tokens: float
+    generation_tokens: float
+
+
 class DashboardUpdate(Shape):
     time: float  # unix seconds
     engines: list[EngineView]
+    models: list[ModelView]
     totals: Totals
 
 
@@ -76,7 +91,21 @@ def dashboard_update(pool: EnginePool, metrics: GatewayMetrics) -> DashboardUpda
         migrations=pool.migrations,
         routing_decisions=dict(pool.routing_decisions),
     )
-    return DashboardUpdate(time=time.time(), engines=engines, totals=totals)
+    return DashboardUpdate(time=time.time(), engines=engines, models=_model_views(pool, metrics), totals=totals)
+
+
+def _model_views(pool: EnginePool, metrics: GatewayMetrics) -> list[ModelView]:
+    engines: Counter[str] = Counter()
+    for client in pool.accepting():
+        assert client.model is not None
+        engines.update([client.model.name, *client.adapters.names])
+    requests, prompt_tokens = _by_model(metrics.request_success), _by_model(metrics.prompt_tokens)
+    generation_tokens = _by_model(metrics.generation_tokens)
+    return [
+        ModelView(model.name, model.parent, engines[model.name], requests[model.name], prompt_tokens[model.name],
+                  generation_tokens[model.name])
+        for model in pool.models()
+    ]  # fmt: skip
 
 
 def _engine_view(client: EngineClient) -> EngineView:
@@ -95,6 +124,16 @@ def _engine_view(client: EngineClient) -> EngineView:
         waiting=[] if block_map is None else block_map.waiting,
         steps=[StepView(*msgspec.structs.astuple(step)) for step in client.recent_steps],
     )
+
+
+def _by_model(metric: MetricWrapperBase) -> Counter[str]:
+    """A counter's totals by model_name, its other labels summed."""
+    totals: Counter[str] = Counter()
+    for family in metric.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                totals[sample.labels[LABEL]] += sample.value
+    return totals
 
 
 def _sum(metric: MetricWrapperBase, suffix: str) -> float:

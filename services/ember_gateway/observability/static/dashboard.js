@@ -203,7 +203,7 @@ const formats = {
 const outputs = {tokensPerS: "tokens-per-s", ttft: "ttft", tpot: "tpot", hitRate: "hit-rate"};
 
 function showTotals(update) {
-  history.push({time: update.time, totals: update.totals});
+  history.push({time: update.time, totals: update.totals, models: update.models});
   while (history[0].time < update.time - HISTORY_S - RATE_WINDOW_S) history.shift();
   const points = [];
   for (let i = 0, j = 0; i < history.length; i++) {
@@ -223,8 +223,27 @@ function showTotals(update) {
     [Object.assign(document.createElement("dt"), {textContent: reason}), Object.assign(document.createElement("dd"), {textContent: count})]));
 }
 
+// One row per model and LoRA adapter; its rate over the last RATE_WINDOW_S seconds of history.
+function showModels(update) {
+  const older = history.find((entry) => entry.time >= update.time - RATE_WINDOW_S) || history[history.length - 1];
+  const rows = update.models.map((model) => {
+    const before = older.models.find((m) => m.name === model.name);
+    const seconds = update.time - older.time;
+    const rate = before && seconds > 0 ? ((model.generation_tokens - before.generation_tokens) / seconds).toFixed(1) : "–";
+    const row = document.createElement("tr");
+    row.dataset.model = model.name;
+    for (const value of [model.name, model.parent ?? "", model.engines, model.requests, model.prompt_tokens,
+                         model.generation_tokens, rate]) {
+      row.append(Object.assign(document.createElement("td"), {textContent: value}));
+    }
+    return row;
+  });
+  document.querySelector("#models tbody").replaceChildren(...rows);
+}
+
 function show(update) {
   showTotals(update);
+  showModels(update);
   const seen = new Set(update.engines.map((engine) => engine.address));
   for (const [address, view] of engines) {
     if (!seen.has(address)) { view.root.remove(); engines.delete(address); }
