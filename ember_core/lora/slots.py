@@ -1,5 +1,6 @@
 """The adapters an engine serves, and the max_loras slots of the model's linears they run from: the
-attention and MLP linears and the output head are wrapped in LoRALinears once, at engine start. A loaded adapter is
+attention and MLP linears (a mixture of experts: its shared expert's, not its routed experts') are wrapped in
+LoRALinears once, at engine start, the output head when an adapter first adapts it. A loaded adapter is
 checked against the model and kept (in CPU memory); it takes a slot when a request of it is
 admitted, the least recently used slot no running request holds giving way (LRU), and a request
 whose adapter finds every slot held waits in the queue until one is released.
@@ -22,7 +23,9 @@ from ember_core.layers.mlp import MLP
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
 
-_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+_ATTENTION = ("self_attn.qkv_proj", "self_attn.o_proj")
+_MLP = ("mlp.gate_up_proj", "mlp.down_proj")
+_SHARED_EXPERT = ("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj")
 _HEAD = "lm_head"
 
 
@@ -40,9 +43,7 @@ class AdapterSlots:
         self._linears: list[LoRALinear] = []
         shards = model.fused_shards()
         for index, layer in enumerate(model.layers):
-            for path in _LINEARS:
-                if path.startswith("mlp.") and not isinstance(layer.mlp, MLP):
-                    continue  # a mixture of experts: its experts take no adapter
+            for path in _adaptable(layer):
                 parent_path, _, attribute = path.rpartition(".")
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
@@ -149,3 +150,11 @@ class AdapterSlots:
         with torch.no_grad():
             for linear in self._linears:
                 linear.clear(slot)
+
+
+def _adaptable(layer: nn.Module) -> tuple[str, ...]:
+    """The linears of a layer an adapter may target: a mixture of experts' attention and shared
+    expert (its routed experts are stacked tensors, which no LoRALinear wraps)."""
+    if isinstance(layer.mlp, MLP):
+        return _ATTENTION + _MLP
+    return _ATTENTION + (_SHARED_EXPERT if layer.mlp.shared_expert is not None else ())

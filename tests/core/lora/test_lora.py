@@ -23,8 +23,8 @@ _PHI3_TARGETS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3", "mixtral", "qwen2_moe"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """A family's checkpoint and its adapters, one of them over the output head; phi3 has fused qkv
-    and gate/up in its checkpoint, the mixtures of experts adapt their attention only (their experts,
-    the shared one too, take none)."""
+    and gate/up in its checkpoint, the mixtures of experts adapt their attention, and qwen2_moe its
+    shared expert (routed experts take none)."""
     family = request.param
     root = tmp_path_factory.mktemp(f"lora-{family}")
     write_checkpoint(family, root / "base")
@@ -32,7 +32,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     for index, (rank, targets, rslora) in enumerate(ADAPTERS):
         if family == "phi3":
             targets = sorted({_PHI3_TARGETS.get(t, t) for t in targets})
-        if family in ("mixtral", "qwen2_moe"):
+        if family == "mixtral":  # q_proj.. and gate_proj.. of qwen2_moe: its attention and shared expert
             targets = [t for t in targets if t in ATTENTION or t == "lm_head"]
         write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
         adapters.append(LoRARequest(f"{family}-{index}", index + 1, str(root / f"adapter{index}")))
