@@ -20,11 +20,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+
+
+@dataclass(frozen=True)
+class AdapterTarget:
+    """A linear an adapter may adapt, as a model names it: parent.attribute, and each of its parts'
+    module name in the checkpoint (PEFT's: "model.layers.0.self_attn.q_proj") and output rows."""
+
+    parent: nn.Module
+    attribute: str
+    parts: list[tuple[str, int]]
 
 
 class AdapterRows:

@@ -6,11 +6,14 @@ from ember_core.lora.gguf_files import read_gguf_adapter
 from ember_core.lora.peft_files import read_peft_adapter
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder_config import DecoderConfig
+from ember_core.models.gpt2 import GPT2Config
 
 
-def read_adapter(path: str, config: DecoderConfig) -> AdapterWeights:
+def read_adapter(path: str, config: DecoderConfig | GPT2Config) -> AdapterWeights:
     """A .gguf path (a file, or owner/repo/file.gguf on the Hub) is llama.cpp's format; anything else
     a PEFT checkpoint (a directory, or a Hub repo id)."""
     if path.endswith(".gguf"):
+        if isinstance(config, GPT2Config):
+            raise ValueError("llama.cpp LoRA GGUF adapters serve the model families ember reads from GGUF, not GPT-2")
         return read_gguf_adapter(path, config)
     return read_peft_adapter(path)

@@ -39,9 +39,10 @@ def _config(folder: Path) -> dict:
         raise ValueError(f"{folder}/adapter_config.json is not JSON: {exc}") from None
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{folder} is a {config['peft_type']} adapter; ember serves LoRA")
+    # fan_in_fan_out (GPT-2's Conv1D) transposes only the base weight: A and B are stored as usual.
     unsupported = {
         "use_dora": "DoRA", "rank_pattern": "a rank per module", "alpha_pattern": "an alpha per module",
-        "modules_to_save": "fully trained modules (modules_to_save)", "fan_in_fan_out": "fan_in_fan_out weights",
+        "modules_to_save": "fully trained modules (modules_to_save)",
     }  # fmt: skip
     for key, what in unsupported.items():
         if config.get(key):

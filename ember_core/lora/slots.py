@@ -1,12 +1,12 @@
 """The adapters an engine serves, and the max_loras slots of the model's linears they run from: the
-attention and MLP linears (a mixture of experts: its shared expert's, not its routed experts') are wrapped in
-LoRALinears once, at engine start, the output head when an adapter first adapts it. A loaded adapter is
+linears the model names (its adapter_targets: attention and MLP) are wrapped in LoRALinears once, at
+engine start, the output head when an adapter first adapts it. A loaded adapter is
 checked against the model and kept (in CPU memory); it takes a slot when a request of it is
 admitted, the least recently used slot no running request holds giving way (LRU), and a request
 whose adapter finds every slot held waits in the queue until one is released.
 
-A PEFT module name maps to a linear of ember's model and a part of it: q_proj, k_proj and v_proj
-are the parts of ember's fused qkv_proj, gate_proj and up_proj of gate_up_proj, as the base
+A checkpoint's module name maps to a linear of ember's model and a part of it: q_proj, k_proj and
+v_proj are the parts of ember's fused qkv_proj, gate_proj and up_proj of gate_up_proj, as the base
 weights' shards are (Decoder.fused_shards)."""
 
 from __future__ import annotations
@@ -18,36 +18,29 @@ from torch import nn
 
 from ember_core.config import LoRADtype
 from ember_core.engine.sequence import Sequence
-from ember_core.layers.lora import AdapterRows, LoRALinear
-from ember_core.layers.mlp import MLP
+from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
+from ember_core.models.decoder_config import DecoderConfig
+from ember_core.models.gpt2 import GPT2, GPT2Config
 
-_ATTENTION = ("self_attn.qkv_proj", "self_attn.o_proj")
-_MLP = ("mlp.gate_up_proj", "mlp.down_proj")
-_SHARED_EXPERT = ("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj")
 _HEAD = "lm_head"
 
 
 class AdapterSlots:
     def __init__(self, model: nn.Module, max_loras: int, max_rank: int, lora_dtype: LoRADtype = "auto") -> None:
-        if not isinstance(model, Decoder):
+        if not isinstance(model, Decoder | GPT2):
             raise ValueError(f"LoRA adapters are not supported for {type(model).__name__} models")  # noqa: TRY004 -- a setting refused
-        self.config = model.config  # what an adapter's file is read against
+        self.config: DecoderConfig | GPT2Config = model.config  # what an adapter's file is read against
         param = next(model.parameters())
         self._dtype = param.dtype if lora_dtype == "auto" else getattr(torch, lora_dtype)  # the A and B stacks'
         self._device = param.device
         self.rows = AdapterRows(max_loras)
         self.max_loras, self.max_rank = max_loras, max_rank
-        self.targets: dict[str, tuple[LoRALinear, int]] = {}  # PEFT module name -> (linear, part)
+        self.targets: dict[str, tuple[LoRALinear, int]] = {}  # checkpoint module name -> (linear, part)
         self._linears: list[LoRALinear] = []
-        shards = model.fused_shards()
-        for index, layer in enumerate(model.layers):
-            for path in _adaptable(layer):
-                parent_path, _, attribute = path.rpartition(".")
-                parent = layer.get_submodule(parent_path)
-                parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
-                self._wrap(parent, attribute, [(f"model.layers.{index}.{name}", rows) for name, rows in parts])
+        for target in model.adapter_targets():
+            self._wrap(target)
         self._model = model  # its head is wrapped when an adapter first adapts it (_wrap_head)
         self._adapters: dict[str, tuple[AdapterWeights, dict[LoRALinear, list]]] = {}  # name -> (adapter, its parts)
         self._slot_of: dict[str, int] = {}  # adapters in a slot
@@ -55,22 +48,21 @@ class AdapterSlots:
         self._last_used = [0] * max_loras  # per slot, when a request last took it (a counter)
         self._clock = itertools.count(1)
 
-    def _wrap(self, parent: nn.Module, attribute: str, parts: list[tuple[str, int]]) -> None:
-        """parent.attribute in a LoRALinear; parts: the PEFT module name and the rows of each part."""
+    def _wrap(self, target: AdapterTarget) -> None:
         linear = LoRALinear(
-            getattr(parent, attribute), [rows for _, rows in parts], self.rows, self.max_loras, self.max_rank, self._dtype,
-            self._device,
+            getattr(target.parent, target.attribute), [rows for _, rows in target.parts], self.rows, self.max_loras,
+            self.max_rank, self._dtype, self._device,
         )
-        setattr(parent, attribute, linear)
+        setattr(target.parent, target.attribute, linear)
         self._linears.append(linear)
-        for part, (name, _) in enumerate(parts):
+        for part, (name, _) in enumerate(target.parts):
             self.targets[name] = (linear, part)
 
     def _wrap_head(self) -> None:
         """The output head's slots, made only once an adapter needs them: B^T is vocabulary x rank x
         max_loras values, as large as the linears of a few layers. Its slots start empty, as every
         adapter loaded before leaves the head."""
-        self._wrap(self._model, _HEAD, [(_HEAD, self._model.lm_head.out_features)])
+        self._wrap(AdapterTarget(self._model, _HEAD, [(_HEAD, self._model.lm_head.out_features)]))
 
     @property
     def names(self) -> list[str]:
@@ -151,10 +143,3 @@ class AdapterSlots:
             for linear in self._linears:
                 linear.clear(slot)
 
-
-def _adaptable(layer: nn.Module) -> tuple[str, ...]:
-    """The linears of a layer an adapter may target: a mixture of experts' attention and shared
-    expert (its routed experts are stacked tensors, which no LoRALinear wraps)."""
-    if isinstance(layer.mlp, MLP):
-        return _ATTENTION + _MLP
-    return _ATTENTION + (_SHARED_EXPERT if layer.mlp.shared_expert is not None else ())

@@ -18,13 +18,17 @@ from torch import nn
 from ember_core.kernels import cpu_ops
 from ember_core.layers.attention import ForwardMetadata, PagedAttention
 from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
-from ember_core.layers.lora import AdapterRows, LoRALinear
+from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
 from ember_core.layers.mlp import MLP
 from ember_core.layers.moe import SparseMoE
 from ember_core.models.decoder_config import DecoderConfig, LayerSpec
 from ember_core.models.family import NORM_SLOTS
 from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import Rope, apply_rope_
+
+_ATTENTION_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj")
+_MLP_LINEARS = ("mlp.gate_up_proj", "mlp.down_proj")
+_SHARED_EXPERT_LINEARS = ("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj")
 
 IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # saved by old transformers versions; recomputed here
 
@@ -198,6 +202,25 @@ class Decoder(nn.Module):
             size = c.moe.shared_expert_size
             shards["mlp.shared_expert.gate_up_proj"] = [("mlp.shared_expert.gate_proj", size), ("mlp.shared_expert.up_proj", size)]
         return shards
+
+    def adapter_targets(self) -> list[AdapterTarget]:
+        """The linears a LoRA adapter may adapt, the output head aside: each layer's attention and MLP,
+        a mixture of experts' attention and shared expert (its routed experts are stacked tensors,
+        which no LoRALinear wraps); a fused QKV or gate/up in the parts the checkpoint stores."""
+        shards = self.fused_shards()
+        targets = []
+        for index, layer in enumerate(self.layers):
+            paths = _ATTENTION_LINEARS
+            if isinstance(layer.mlp, MLP):
+                paths += _MLP_LINEARS
+            elif layer.mlp.shared_expert is not None:
+                paths += _SHARED_EXPERT_LINEARS
+            for path in paths:
+                parent_path, _, attribute = path.rpartition(".")
+                parent = layer.get_submodule(parent_path)
+                parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
+                targets.append(AdapterTarget(parent, attribute, [(f"model.layers.{index}.{name}", rows) for name, rows in parts]))
+        return targets
 
     def hf_names(self) -> dict[str, str]:
         """ember's parameter name -> the checkpoint's, where they differ by more than a fused shard or

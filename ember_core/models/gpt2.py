@@ -13,6 +13,7 @@ from torch import nn
 
 from ember_core.layers.attention import AttentionMetadata, PagedAttention
 from ember_core.layers.linear import tied_head
+from ember_core.layers.lora import AdapterTarget
 
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -117,6 +118,16 @@ class GPT2(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def adapter_targets(self) -> list[AdapterTarget]:
+        """The linears a LoRA adapter may adapt, the output head aside, by their checkpoint names (a
+        PEFT adapter's A and B keep their usual orientation over GPT-2's transposed Conv1D weights)."""
+        names = {"c_attn": "attn.c_attn", "attn_proj": "attn.c_proj", "c_fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
+        return [
+            AdapterTarget(block, attribute, [(f"transformer.h.{index}.{name}", getattr(block, attribute).out_features)])
+            for index, block in enumerate(self.blocks)
+            for attribute, name in names.items()
+        ]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """HF GPT-2 names, with or without the `transformer.` prefix; Conv1D weights are [in, out]."""

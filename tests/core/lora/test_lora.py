@@ -14,25 +14,29 @@ from ember_core import LLM, LoRARequest
 from ember_core.engine.intake import RequestRejected
 from tests.conftest import assert_pool_free
 from tests.core.lora.peft_reference import ADAPTERS, ATTENTION, GREEDY, PROMPT_LENGTHS, peft_greedy, write_adapter
-from tests.families import token_prompts, write_checkpoint
+from tests.families import FAMILIES, token_prompts, write_checkpoint
 
-# phi3's checkpoint fuses q, k, v and gate, up
-_PHI3_TARGETS = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+# phi3's checkpoint fuses q, k, v and gate, up; GPT-2's are c_attn and c_fc, its two c_proj told apart
+_RENAMED_TARGETS = {
+    "phi3": {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"},
+    "gpt2": {"q_proj": "c_attn", "k_proj": "c_attn", "v_proj": "c_attn", "o_proj": "attn.c_proj", "gate_proj": "c_fc",
+             "up_proj": "c_fc", "down_proj": "mlp.c_proj"},
+}  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3", "mixtral", "qwen2_moe"])
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """A family's checkpoint and its adapters, one of them over the output head; phi3 has fused qkv
-    and gate/up in its checkpoint, the mixtures of experts adapt their attention, and qwen2_moe its
-    shared expert (routed experts take none)."""
+    """Each family's checkpoint and its adapters, one of them over the output head; phi3 has fused qkv
+    and gate/up in its checkpoint, GPT-2 its Conv1D c_attn and c_fc, the mixtures of experts adapt
+    their attention, and qwen2_moe its shared expert (routed experts take none)."""
     family = request.param
     root = tmp_path_factory.mktemp(f"lora-{family}")
     write_checkpoint(family, root / "base")
     adapters = []
     for index, (rank, targets, rslora) in enumerate(ADAPTERS):
-        if family == "phi3":
-            targets = sorted({_PHI3_TARGETS.get(t, t) for t in targets})
-        if family == "mixtral":  # q_proj.. and gate_proj.. of qwen2_moe: its attention and shared expert
+        if family in _RENAMED_TARGETS:
+            targets = sorted({_RENAMED_TARGETS[family].get(t, t) for t in targets})
+        if family in ("mixtral", "qwen3_moe", "olmoe"):  # q_proj.. and gate_proj.. of qwen2_moe: its attention and shared expert
             targets = [t for t in targets if t in ATTENTION or t == "lm_head"]
         write_adapter(root / "base", root / f"adapter{index}", rank, targets, rslora, seed=index)
         adapters.append(LoRARequest(f"{family}-{index}", index + 1, str(root / f"adapter{index}")))
