@@ -1,10 +1,12 @@
 """LoRA adapters served end to end (`ember serve --lora-modules`, then one loaded and unloaded
 while serving, as a llama.cpp LoRA GGUF) through the OpenAI SDK: each adapter is a model whose
 completions equal the offline engine's with that adapter, /v1/models names its parent, the
-dashboard's feed counts its requests, and bad loads and unknown names get OpenAI error bodies."""
+dashboard's feed counts its requests, requests in flight go on through loads and unloads, and bad
+loads and unknown names get OpenAI error bodies."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -123,6 +125,27 @@ def test_an_adapter_loaded_while_serving_then_unloaded(setup) -> None:
     with pytest.raises(openai.NotFoundError):
         _text(client, "second")
     assert _text(client, "first") == data["expected"]["first"]
+
+
+def test_requests_in_flight_go_on_through_loads_and_unloads(setup) -> None:
+    """Unloading an adapter that a stream still uses is a 409; requests of the base model and of an
+    adapter run while another adapter is loaded, serves a request and is unloaded. None of the
+    requests fails or changes its tokens."""
+    url, client, data = setup
+    long = client.completions.create(model="first", prompt=PROMPT, max_tokens=240, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+    first_chunk = next(iter(long))
+    status, error = _post(f"{url}/v1/unload_lora_adapter", {"lora_name": "first"})
+    assert status == 409 and "in use" in error["error"]["message"], error
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        running = [pool.submit(_text, client, model) for model in ("base", "first") * 6]
+        assert _post(f"{url}/v1/load_lora_adapter", {"lora_name": "second", "lora_path": data["second"]})[0] == 200
+        assert _text(client, "second") == data["expected"]["second"]
+        assert _post(f"{url}/v1/unload_lora_adapter", {"lora_name": "second"})[0] == 200
+        assert [future.result() for future in running] == [data["expected"][m] for m in ("base", "first") * 6]
+    rest = list(long)
+    assert rest[-1].choices[0].finish_reason == "length" and first_chunk.choices[0].text is not None
+    assert {model.id for model in client.models.list().data} == {"base", "first"}
 
 
 def test_bad_loads_and_unknown_adapters_are_openai_errors(setup, tmp_path: Path) -> None:
