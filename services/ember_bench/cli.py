@@ -178,6 +178,18 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     make_model.set_defaults(bench_handler=_make_model)
     add_log_level_argument(make_model, default=argparse.SUPPRESS)
 
+    make_adapters = commands.add_parser(
+        "make-adapters", help="random PEFT LoRA adapters shaped for a model (a GGUF file included), one per --out DIR"
+    )
+    make_adapters.add_argument("--model", default=DEFAULT_MODEL, help="local dir, .gguf file, hub repo id or short name")
+    make_adapters.add_argument("--rank", type=int, default=16)
+    make_adapters.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", metavar="M1,M2,...",
+                               help="the modules adapted, as PEFT's target_modules (lm_head included)")
+    make_adapters.add_argument("--seed", type=int, default=0, help="the first adapter's; the next take seed + 1, ...")
+    make_adapters.add_argument("--out", required=True, nargs="+", metavar="DIR")
+    make_adapters.set_defaults(bench_handler=_make_adapters)
+    add_log_level_argument(make_adapters, default=argparse.SUPPRESS)
+
     families = commands.add_parser(
         "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
     )
@@ -410,6 +422,17 @@ def _make_model(args: argparse.Namespace) -> int:
     print(f"wrote {model_dir}")
     for file_type in args.gguf:
         print(f"wrote {export_gguf(model_dir, model_dir / f'model-{file_type}.gguf', file_type)}")
+    return 0
+
+
+def _make_adapters(args: argparse.Namespace) -> int:
+    from ember_bench.random_adapters import write_random_adapters
+
+    if args.rank < 1:
+        raise ValueError(f"--rank must be at least 1, got {args.rank}")
+    outs = [Path(out) for out in args.out]
+    write_random_adapters(args.model, outs, args.rank, _names(args.targets), args.seed)
+    print("wrote " + " ".join(map(str, outs)))
     return 0
 
 
