@@ -84,6 +84,9 @@ class EngineConfig:
     # Adapters loaded at start, "name=path" each (lora/files.py: a PEFT checkpoint or a llama.cpp
     # LoRA GGUF, by path or from the Hub); any turns enable_lora on.
     lora_modules: tuple[str, ...] = ()
+    # Tensor parallelism (vLLM's --tensor-parallel-size): the model's layers split over this many
+    # processes (parallel/), started by the engine on this host, or by torchrun across hosts.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
@@ -93,11 +96,13 @@ class EngineConfig:
             raise ValueError(f"lora_modules takes name=path entries, got {bad!r}")
         if self.lora_modules:
             object.__setattr__(self, "enable_lora", True)
+        if self.enable_lora and self.tensor_parallel_size != 1:
+            raise ValueError("LoRA adapters are not split across tensor-parallel ranks yet: use tensor_parallel_size 1")
         if self.lora_dtype not in LORA_DTYPES:
             raise ValueError(f"lora_dtype must be one of {', '.join(LORA_DTYPES)}, got {self.lora_dtype!r}")
         if not self.model:
             raise ValueError("model must name a model: a local directory, a .gguf file, a hub repo id or a short name")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_loras", "max_lora_rank", "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

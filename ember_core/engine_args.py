@@ -86,6 +86,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adapters to load at start, each served as the model NAME (turns --enable-lora on): a "
                              "PEFT checkpoint's directory or Hub repo id, or a llama.cpp LoRA .gguf (a file, or "
                              "owner/repo/file.gguf on the Hub)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int,
+                        default=env_default("tensor_parallel_size", defaults.tensor_parallel_size),
+                        help="split the model's layers over this many processes (gloo on CPU); on one host the engine "
+                             "starts them, across hosts torchrun does (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
+from typing import Self
 
 from tqdm.auto import tqdm
 
@@ -74,6 +75,16 @@ class EmbeddingRequestOutput:
 class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, **engine_args) -> None:
         self.engine = Engine(EngineConfig(model=model, **engine_args))
+
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel ranks, if it has any (also on leaving a `with` block)."""
+        self.engine.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

@@ -30,6 +30,8 @@ from ember_core.loaders import LoadedModel, load_model
 from ember_core.lora.files import read_adapter
 from ember_core.lora.slots import AdapterSlots
 from ember_core.lora.weights import AdapterWeights
+from ember_core.parallel.follower import RankSetup
+from ember_core.parallel.ranks import LeaderRanks
 from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import SequenceChunk
@@ -51,16 +53,25 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         device = resolve_device(config.device)
-        self.loaded = loaded or load_model(
-            config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks",
-            numerics=config.numerics,
-        )
-        model, dtype = self.loaded.model, self.loaded.dtype
-        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype, device)
+        # Tensor parallelism: this engine is rank 0, and its followers run each step with it.
+        self.ranks = None if config.tensor_parallel_size == 1 else LeaderRanks(config)
+        parallel = None if self.ranks is None else self.ranks.parallel
+        try:
+            self.loaded = loaded or load_model(
+                config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks",
+                numerics=config.numerics, parallel=parallel,
+            )
+            model, dtype = self.loaded.model, self.loaded.dtype
+            kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype, device)
+            layout = kv_cache_layout(model)
+            bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
+            num_blocks = pool_blocks(config, bytes_per_block, device)
+        except BaseException:
+            self.close()  # the followers wait for the setup: they stop instead
+            raise
+        if self.ranks is not None:
+            self.ranks.share(RankSetup(dtype, self.loaded.numerics, num_blocks, kv_dtype))
         self.kv_cache_dtype = kv_cache_dtype_name(kv_dtype)  # what the engine reports, and its hashes' key
-        layout = kv_cache_layout(model)
-        bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
-        num_blocks = pool_blocks(config, bytes_per_block, device)
         self.kv_cache_bytes = num_blocks * bytes_per_block
         self.block_manager = BlockManager(num_blocks, config.block_size, layout.group_windows)
         cache_tokens = self.block_manager.longest_fitting_sequence(self.loaded.max_model_len, config.max_num_batched_tokens)
@@ -92,7 +103,7 @@ class Engine:
             priority_aging_s=config.priority_aging_s,
             kv_cache_dtype=self.kv_cache_dtype,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention, parallel)
         self.adapters: AdapterSlots | None = None
         if config.enable_lora:
             self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank, config.lora_dtype)
@@ -198,6 +209,17 @@ class Engine:
             if seq is not None:
                 self.scheduler.finish(seq, FinishReason.ABORT)
                 self._aborted.append(delta(seq, [], [], []))
+
+    def check_ranks(self) -> None:
+        """RankLost when a tensor-parallel follower on this host has exited."""
+        if self.ranks is not None:
+            self.ranks.check()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel followers (a no-op without them)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     def has_unfinished(self) -> bool:
         return bool(self._sequences) or bool(self._aborted)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -42,14 +43,21 @@ def _weight_files(model_dir: Path) -> list[Path]:
     raise ValueError(f"{model_dir} has no weights: expected one of {', '.join(WEIGHT_PATTERNS)}")
 
 
-def iter_hf_weights(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+# (checkpoint name, the tensor or a safetensors slice of it) -> the part of it to load
+Take = Callable[[str, Any], torch.Tensor]
+
+
+def iter_hf_weights(model_dir: Path, take: Take | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every checkpoint tensor by name; with `take` (a tensor-parallel rank's), only the part it
+    takes, read from the safetensors file alone."""
     for path in _weight_files(model_dir):
         if path.suffix == ".safetensors":
             try:
                 with safe_open(str(path), framework="pt") as f:
                     for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
-                        yield name, f.get_tensor(name)
+                        yield name, f.get_tensor(name) if take is None else take(name, f.get_slice(name))
             except SafetensorError as exc:  # a truncated or corrupt file
                 raise ValueError(f"{path} is not a readable safetensors file: {exc}") from None
         else:
-            yield from torch.load(path, map_location="cpu", weights_only=True).items()
+            tensors = torch.load(path, map_location="cpu", weights_only=True)
+            yield from ((name, tensor if take is None else take(name, tensor)) for name, tensor in tensors.items())

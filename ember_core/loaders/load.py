@@ -16,8 +16,11 @@ from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.loaders.resolve import resolve_model
-from ember_core.models.registry import model_from_hf_config
+from ember_core.models.decoder_config import DecoderConfig
+from ember_core.models.registry import config_from_hf, model_for
 from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
+from ember_core.parallel.group import TensorParallel
+from ember_core.parallel.shards import DecoderShards
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 
@@ -37,26 +40,39 @@ class LoadedModel:
     numerics: ResolvedNumerics = "exact"
 
 
-def _load_hf(model_dir: Path, device: torch.device, dtype: DtypeChoice) -> tuple[nn.Module, Tokenizer | None]:
-    hf_config = read_hf_config(model_dir)
-    dtype = chosen_dtype(dtype, lambda: model_from_hf_config(hf_config))
-    model = materialize(lambda: model_from_hf_config(hf_config), iter_hf_weights(model_dir), device, dtype)
+def _load_hf(
+    model_dir: Path, device: torch.device, dtype: DtypeChoice, parallel: TensorParallel | None
+) -> tuple[nn.Module, Tokenizer | None]:
+    config = config_from_hf(read_hf_config(model_dir))
+    dtype = chosen_dtype(dtype, lambda: model_for(config))
+    take = None
+    if parallel is not None and isinstance(config, DecoderConfig):  # model_for refuses GPT-2's
+        take = DecoderShards(config, parallel).take
+    model = materialize(lambda: model_for(config, parallel), iter_hf_weights(model_dir, take), device, dtype)
     return model, load_hf_tokenizer(model_dir)
 
 
 def load_model(
-    name: str, device: torch.device, dtype: DtypeChoice, compact_weights: bool = True, numerics: Numerics = "exact"
+    name: str,
+    device: torch.device,
+    dtype: DtypeChoice,
+    compact_weights: bool = True,
+    numerics: Numerics = "exact",
+    parallel: TensorParallel | None = None,
 ) -> LoadedModel:
     """`dtype`: a dtype, or a function that picks one for the model built without weights
     (dtype_probe.faster_cpu_dtype). `compact_weights`: keep GGUF blocks and 16-bit weights as stored
-    (EngineConfig.gguf_weights == "blocks"). `numerics`: ember_core/numerics.py."""
+    (EngineConfig.gguf_weights == "blocks"). `numerics`: ember_core/numerics.py. `parallel`: load
+    this tensor-parallel rank's part of the model (parallel/shards.py)."""
     path = resolve_model(name)
+    if path.suffix == ".gguf" and parallel is not None:
+        raise ValueError("tensor parallelism reads Hugging Face checkpoints: a GGUF file is not split across ranks yet")
     if path.suffix == ".gguf":
         model, tokenizer, numerics = load_gguf(path, device, dtype, compact_weights, numerics)
         pooling = read_pooling_config(None, {}, model.config.pooling)
     else:
         numerics = resolve_numerics(numerics, False, device, dtype)
-        model, tokenizer = _load_hf(path, device, numerics_dtype(numerics, dtype))
+        model, tokenizer = _load_hf(path, device, numerics_dtype(numerics, dtype), parallel)
         pooling = read_pooling_config(path, read_hf_config(path))
     if compact_weights and (kept := keep_16_bit_weights(model)):
         logger.info("%d linear and embedding layers run from their 16-bit rows", kept)

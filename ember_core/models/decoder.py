@@ -25,6 +25,8 @@ from ember_core.models.decoder_config import DecoderConfig, LayerSpec
 from ember_core.models.family import NORM_SLOTS
 from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import Rope, apply_rope_
+from ember_core.parallel.group import TensorParallel
+from ember_core.parallel.shards import DecoderShards
 
 _ATTENTION_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj")
 _MLP_LINEARS = ("mlp.gate_up_proj", "mlp.down_proj")
@@ -69,9 +71,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DecoderConfig, layer: LayerSpec) -> None:
+    def __init__(self, config: DecoderConfig, layer: LayerSpec, parallel: TensorParallel | None = None) -> None:
+        """config: this rank's sizes under tensor parallelism (parallel), whose o and down outputs
+        are then partial sums, added across ranks before the residual."""
         super().__init__()
         self.config = config
+        self.parallel = parallel
         self.rope = layer.rope
         for slot in NORM_SLOTS:
             norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
@@ -85,7 +90,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
-            meta.decodes_only_on_kernel
+            self.parallel is None
+            and meta.decodes_only_on_kernel
             and (not meta.adapters or self.fused_adapters is not None)
             and hidden.dtype in (torch.float32, torch.bfloat16)
             and hidden.shape[0] <= SMALL_BATCH_ROWS
@@ -95,9 +101,12 @@ class DecoderLayer(nn.Module):
         return self.forward_modules(hidden, cos, sin, meta)
 
     def forward_modules(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
-        attention = self.self_attn(_normed(self.attn_in_norm, hidden), cos, sin, meta)
+        attention = self._summed(self.self_attn(_normed(self.attn_in_norm, hidden), cos, sin, meta))
         hidden = hidden + _normed(self.attn_out_norm, attention)
-        return hidden + _normed(self.mlp_out_norm, self.mlp(_normed(self.mlp_in_norm, hidden)))
+        return hidden + _normed(self.mlp_out_norm, self._summed(self.mlp(_normed(self.mlp_in_norm, hidden))))
+
+    def _summed(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.parallel is None else self.parallel.sum(partial)
 
     @property
     def _fused_linears(self) -> list[nn.Module]:
@@ -159,20 +168,25 @@ def _normed(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder(nn.Module):
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: DecoderConfig, parallel: TensorParallel | None = None) -> None:
+        """parallel: this model is one rank's part of it (parallel/shards.py), its layers sized by
+        `sizes`; config stays the whole model's."""
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, layer) for layer in config.layers)
+        self.parallel = parallel
+        self.shards = None if parallel is None else DecoderShards(config, parallel)
+        self.sizes = config if self.shards is None else self.shards.local_config()
+        self.embed_tokens = nn.Embedding(self.sizes.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(self.sizes, layer, parallel) for layer in config.layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.tie_word_embeddings:
             self.lm_head = tied_head(self.embed_tokens)
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, self.sizes.vocab_size, bias=False)
         self.ropes: tuple[Rope, ...] = tuple(dict.fromkeys(layer.rope for layer in config.layers))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden = self._embedded(input_ids)
         if self.config.embedding_scale is not None:  # as transformers: the scale rounded to the model's dtype
             hidden = hidden * torch.tensor(self.config.embedding_scale).to(hidden.dtype)
         tables = {
@@ -183,14 +197,24 @@ class Decoder(nn.Module):
             hidden = layer(hidden, *tables[layer.rope], meta)
         return self.norm(hidden)
 
+    def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.shards is None:
+            return self.embed_tokens(input_ids)
+        local_ids = input_ids - self.shards.vocab_start
+        elsewhere = (local_ids < 0) | (local_ids >= self.sizes.vocab_size)
+        hidden = self.embed_tokens(local_ids.clamp(0, self.sizes.vocab_size - 1)).masked_fill_(elsewhere[:, None], 0)
+        return self.shards.parallel.sum(hidden)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
+        if self.parallel is not None:
+            logits = self.parallel.concat(logits)[:, : self.config.vocab_size]
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def fused_shards(self) -> dict[str, list[tuple[str, int]]]:
         """Fused parameter -> the HF tensors stacked in its rows, in order, with their row counts."""
-        c = self.config
+        c = self.sizes
         if c.family.fused_checkpoint:
             return {}
         q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -239,7 +263,7 @@ class Decoder(nn.Module):
     def _expert_slots(self, name: str, param: torch.Tensor) -> dict[str, tuple[torch.Tensor, tuple]]:
         """A layer's stacked experts' parameter -> each expert's checkpoint tensors in it (per expert,
         as Hugging Face checkpoints store them): gate and up rows of gate_up_proj, down_proj whole."""
-        style, size = self.config.family.experts, self.config.moe.expert_size
+        style, size = self.config.family.experts, self.sizes.moe.expert_size
         prefix = f"{name.split('.mlp.')[0]}.{style.block}.experts"
         gate, up, down = style.projections
         slots = {}

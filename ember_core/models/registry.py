@@ -10,6 +10,7 @@ from ember_core.models.decoder import Decoder
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.models.family import FAMILIES
 from ember_core.models.gpt2 import GPT2, GPT2Config
+from ember_core.parallel.group import TensorParallel
 
 SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES])
 
@@ -22,7 +23,8 @@ SIZE_KEYS = (
 )  # fmt: skip
 
 
-def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
+def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
+    """The model's config from config.json, its sizes checked; ValueError for what ember does not serve."""
     model_type = hf_config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
@@ -34,9 +36,22 @@ def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
     try:
         if model_type == "gpt2":
-            return GPT2(GPT2Config.from_hf(hf_config))
-        return Decoder(DecoderConfig.from_hf(hf_config))
+            return GPT2Config.from_hf(hf_config)
+        return DecoderConfig.from_hf(hf_config)
     except KeyError as exc:
         raise ValueError(f"config.json has no {exc.args[0]!r}, which a {model_type} model needs") from None
     except TypeError as exc:
         raise ValueError(f"config.json holds a value of the wrong type: {exc}") from None
+
+
+def model_for(config: DecoderConfig | GPT2Config, parallel: TensorParallel | None = None) -> nn.Module:
+    """The model of a config; with parallel, one tensor-parallel rank's part of it."""
+    if isinstance(config, GPT2Config):
+        if parallel is not None:
+            raise ValueError("GPT-2 is not split across ranks: tensor parallelism serves the Llama-like families")
+        return GPT2(config)
+    return Decoder(config, parallel)
+
+
+def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:
+    return model_for(config_from_hf(hf_config))

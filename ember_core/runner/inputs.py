@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -56,3 +56,14 @@ class ChunkResult:
     sampled: list[TokenLogprob]  # one per row of chunk.sampling
     prompt_logprobs: list[TokenLogprob]  # one per scored row, in order
     pooled: torch.Tensor | None = None  # the sum of the pooled_rows' final hidden states, float32
+
+
+# What a tensor-parallel follower's copy of a chunk samples with: it computes the sampled rows'
+# logits (for their collectives) and never samples, so only the number of rows travels.
+_FOLLOWER_SAMPLING = SamplingRequest(SamplingParams(), 0)
+
+
+def followers_view(chunks: list[SequenceChunk]) -> list[SequenceChunk]:
+    """The chunks as tensor-parallel followers need them: their sampling requests (penalties' token
+    histories, structured outputs' masks) replaced by one shared placeholder each."""
+    return [replace(chunk, sampling=(_FOLLOWER_SAMPLING,) * len(chunk.sampling)) for chunk in chunks]

@@ -15,8 +15,9 @@ from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.kv_quant import cache_row
 from ember_core.layers.linear import use_small_batch_linears
 from ember_core.layers.lora import AdapterRows
+from ember_core.parallel.group import TensorParallel
 from ember_core.runner.decode_attention import choose_decode_attention
-from ember_core.runner.inputs import ChunkResult, SequenceChunk
+from ember_core.runner.inputs import ChunkResult, SequenceChunk, followers_view
 from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
 from ember_core.runner.sampler import sample, scored_tokens
 from ember_proto import TokenLogprob
@@ -32,9 +33,13 @@ class ModelRunner:
         block_size: int,
         kv_cache_dtype: torch.dtype | None = None,
         decode_attention: DecodeAttention = "auto",
+        parallel: TensorParallel | None = None,
     ) -> None:
+        """parallel: the model is one tensor-parallel rank's part; the leader's execute sends each
+        step to the followers, whose follow runs it."""
         use_small_batch_linears(model)
         self.model = model
+        self.parallel = parallel
         self.adapter_rows: AdapterRows | None = None  # with LoRA adapters: each row's (lora/slots.py)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -150,10 +155,11 @@ class ModelRunner:
         """Run one step: a sampled token for each sampling row of the chunks (a chunk's last rows:
         its sequence's next token, and after each draft token the one that follows it), the logprobs
         of the prompt tokens the chunks score, and the hidden states embedding chunks pool."""
+        if self.parallel is not None:
+            self.parallel.broadcast(followers_view(chunks))
         hidden = self.forward_hidden(chunks)
-        token_ends = list(itertools.accumulate(len(c.token_ids) for c in chunks))
-        token_starts = [end - len(c.token_ids) for c, end in zip(chunks, token_ends)]
-        rows = [row for c, end in zip(chunks, token_ends) for row in range(end - len(c.sampling), end)]
+        token_starts = _token_starts(chunks)
+        rows = _sampled_rows(chunks)
         sampled = iter([])
         if rows:
             logits = self._logits(hidden, rows)
@@ -168,6 +174,15 @@ class ModelRunner:
             for c, start in zip(chunks, token_starts)
         ]
 
+    @torch.inference_mode()
+    def follow(self, chunks: list[SequenceChunk]) -> None:
+        """A tensor-parallel follower's share of the leader's execute: the same forward pass and
+        logits, for their collectives; the leader samples."""
+        hidden = self.forward_hidden(chunks)
+        for rows in (_sampled_rows(chunks), _scored_rows(chunks, _token_starts(chunks))):
+            if rows:
+                self._logits(hidden, rows)
+
     def _logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """The logits of some rows of the step, through their adapters' heads where they have one."""
         if self.adapter_rows is None:
@@ -176,17 +191,35 @@ class ModelRunner:
             return self.model.compute_logits(hidden[rows])
 
     def _score_prompts(self, hidden: torch.Tensor, chunks: list[SequenceChunk], token_starts: list[int]) -> list[TokenLogprob]:
-        rows, next_ids, num_top = [], [], []
-        for chunk, token_start in zip(chunks, token_starts):
-            if chunk.scoring is not None:
-                first = token_start + chunk.scoring.first_row
-                rows.extend(range(first, first + len(chunk.scoring.next_token_ids)))
-                next_ids.extend(chunk.scoring.next_token_ids)
-                num_top.extend([chunk.scoring.num_top] * len(chunk.scoring.next_token_ids))
+        rows, next_ids, num_top = _scored_rows(chunks, token_starts), [], []
         if not rows:
             return []
+        for chunk in chunks:
+            if chunk.scoring is not None:
+                next_ids.extend(chunk.scoring.next_token_ids)
+                num_top.extend([chunk.scoring.num_top] * len(chunk.scoring.next_token_ids))
         logits = self._logits(hidden, rows)
         return scored_tokens(logits, torch.tensor(next_ids, device=logits.device), num_top)
+
+
+def _token_starts(chunks: list[SequenceChunk]) -> list[int]:
+    return list(itertools.accumulate((len(c.token_ids) for c in chunks[:-1]), initial=0))
+
+
+def _sampled_rows(chunks: list[SequenceChunk]) -> list[int]:
+    """The step's rows that sample: each chunk's last len(sampling)."""
+    ends = itertools.accumulate(len(c.token_ids) for c in chunks)
+    return [row for c, end in zip(chunks, ends) for row in range(end - len(c.sampling), end)]
+
+
+def _scored_rows(chunks: list[SequenceChunk], token_starts: list[int]) -> list[int]:
+    """The step's rows whose next token is a prompt token to score (prompt_logprobs)."""
+    rows: list[int] = []
+    for chunk, token_start in zip(chunks, token_starts):
+        if chunk.scoring is not None:
+            first = token_start + chunk.scoring.first_row
+            rows.extend(range(first, first + len(chunk.scoring.next_token_ids)))
+    return rows
 
 
 def _pooled(hidden: torch.Tensor, token_start: int, rows: tuple[int, int] | None) -> torch.Tensor | None:

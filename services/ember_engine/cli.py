@@ -38,11 +38,18 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args.log_level)
     from ember_core.config import EngineConfig
     from ember_core.engine.engine import Engine
+    from ember_core.parallel.follower import follow
+    from ember_core.parallel.ranks import torchrun_rank
     from ember_engine.worker import EngineWorker, WorkerOptions
 
     try:
+        config = EngineConfig(**engine_kwargs_from_args(args))
+        launched = torchrun_rank() if config.tensor_parallel_size > 1 else None
+        if launched is not None and launched[0] != 0:  # a follower node of a multi-node engine
+            follow(config, *launched)
+            return
         tracer = None if args.otlp_traces_endpoint is None else _tracer(args.otlp_traces_endpoint)
-        engine = Engine(EngineConfig(**engine_kwargs_from_args(args)))
+        engine = Engine(config)
         worker = EngineWorker(
             engine,
             args.served_model_name or args.model,
@@ -54,7 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_shutdown())
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        engine.close()
 
 
 def _tracer(endpoint: str) -> EngineTracer:

@@ -23,6 +23,7 @@ import zmq
 
 from ember_core.engine.block_map import block_holders
 from ember_core.engine.engine import Engine
+from ember_core.parallel.group import RankLost
 from ember_core.sampling_params import SamplingParams
 from ember_engine.adapter_loads import AdapterLoads
 from ember_proto import (
@@ -146,6 +147,7 @@ class EngineWorker:
             while not (self.draining_since is not None and not self.engine.has_unfinished()):
                 busy = self.engine.has_unfinished()
                 self._receive(timeout_ms=0 if busy else int(self.options.heartbeat_interval * 1000))
+                self.engine.check_ranks()  # a lost tensor-parallel rank ends the engine (RankLost)
                 self._expire_deadlines()
                 self._abort_all_after_shutdown_timeout()
                 if self.engine.has_unfinished():
@@ -270,6 +272,8 @@ class EngineWorker:
         self.stepping = True
         try:
             deltas = self.engine.step()
+        except RankLost:
+            raise  # the model is gone with its rank: the process exits, and the gateways move its requests
         except Exception:
             logger.exception("engine step failed; failing every request in flight")
             self._fail_all("the engine failed while running this request")

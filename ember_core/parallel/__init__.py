@@ -1,0 +1,1 @@
+"""Tensor parallelism: one model's layers split over several processes (torch.distributed)."""
