@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     from ember_core.config import EngineConfig
     from ember_core.engine.engine import Engine
     from ember_core.parallel.follower import follow
+    from ember_core.parallel.group import RankLost
     from ember_core.parallel.ranks import torchrun_rank
     from ember_engine.worker import EngineWorker, WorkerOptions
 
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: worker.request_shutdown())
     try:
         worker.run()
+    except RankLost as exc:  # exits non-zero: its supervisor restarts it, the gateways move its requests
+        print(f"ember-engine: error: {exc}", file=sys.stderr)
+        sys.exit(1)
     finally:
         engine.close()
 
