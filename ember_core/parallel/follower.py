@@ -28,10 +28,13 @@ class RankSetup:
     kv_cache_dtype: torch.dtype
 
 
-def follow(config: EngineConfig, rank: int, world_size: int, address: str) -> None:
+def follow(config: EngineConfig, rank: int, world_size: int, address: str, threads: int | None = None) -> None:
     """A follower rank: load this rank's part of the model as the leader's setup says, then run
-    every step the leader sends until it sends None."""
+    every step the leader sends until it sends None. threads: its share of the host's cores, when
+    it shares the host with other ranks."""
     _exit_with_parent()
+    if threads is not None:
+        torch.set_num_threads(threads)
     parallel = join(rank, world_size, address)
     try:
         setup: RankSetup | None = parallel.broadcast()

@@ -14,6 +14,8 @@ import multiprocessing
 import os
 import socket
 
+import torch
+
 from ember_core.config import EngineConfig
 from ember_core.parallel.follower import RankSetup, follow
 from ember_core.parallel.group import RankLost, join, leave
@@ -36,6 +38,7 @@ class LeaderRanks:
     def __init__(self, config: EngineConfig) -> None:
         world_size = config.tensor_parallel_size
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.threads_before = torch.get_num_threads()
         launched = torchrun_rank()
         if launched is not None:
             rank, launched_size, address = launched
@@ -43,9 +46,14 @@ class LeaderRanks:
                 raise ValueError(f"torchrun started rank {rank} of {launched_size}; the leader is rank 0 of {world_size}")
         else:
             address = f"127.0.0.1:{_free_port()}"
+            # The host's cores shared out: ranks that each took them all would take turns on them.
+            threads = max(1, torch.get_num_threads() // world_size)
+            torch.set_num_threads(threads)
             context = multiprocessing.get_context("spawn")
             self.processes = [
-                context.Process(target=follow, args=(config, rank, world_size, address), name=f"ember-rank-{rank}", daemon=True)
+                context.Process(
+                    target=follow, args=(config, rank, world_size, address, threads), name=f"ember-rank-{rank}", daemon=True
+                )
                 for rank in range(1, world_size)
             ]
             for process in self.processes:
@@ -74,6 +82,7 @@ class LeaderRanks:
             if process.is_alive():
                 process.kill()
         leave()
+        torch.set_num_threads(self.threads_before)
 
 
 def _free_port() -> int:

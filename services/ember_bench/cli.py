@@ -17,7 +17,10 @@ from ember_bench.workload import BenchRequest, RandomPrompts, load_workload, tak
 from ember_core.config import DEFAULT_MODEL, KV_CACHE_DTYPES, EngineConfig
 from ember_core.log_level import add_log_level_argument, configure_logging
 
-ENGINE_FLAGS = ("block_size", "num_blocks", "kv_cache_mib", "kv_cache_dtype", "max_num_batched_tokens", "max_model_len", "device")
+ENGINE_FLAGS = (
+    "block_size", "num_blocks", "kv_cache_mib", "kv_cache_dtype", "max_num_batched_tokens", "max_model_len", "device",
+    "tensor_parallel_size",
+)  # fmt: skip
 
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -154,6 +157,8 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     offline.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=defaults.kv_cache_dtype)
     offline.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     offline.add_argument("--max-model-len", type=int)
+    offline.add_argument("--tensor-parallel-size", type=int, default=defaults.tensor_parallel_size,
+                         help="split the model over this many processes on this host, the cores shared out")
     offline.add_argument("--rounds", type=int, default=1, metavar="N",
                          help="run every setting N times, interleaved, and report each one's median round")
     offline.add_argument("--transformers", action="store_true",

@@ -121,7 +121,17 @@ def _run_ember(
         numerics=setting.numerics,
         **config.engine_kwargs,
     )
-    engine = Engine(engine_config, loaded)
+    # A tensor-parallel engine loads its ranks' parts itself, and stops their processes after the run.
+    engine = Engine(engine_config, loaded if engine_config.tensor_parallel_size == 1 else None)
+    try:
+        return _measured_run(engine, setting, concurrency, prompts, max_tokens)
+    finally:
+        engine.close()
+
+
+def _measured_run(
+    engine: Engine, setting: EngineSetting, concurrency: int, prompts: list[list[int]], max_tokens: list[int]
+) -> OfflineRun:
     constraint = LONG_JSON if setting.structured_outputs else None  # compiled in the warm-up
     warmup = SamplingParams(max_tokens=WARMUP_TOKENS, temperature=0.0, structured_outputs=constraint)
     _drain(engine, {"warmup": (prompts[0], warmup)})
