@@ -5,14 +5,16 @@ from __future__ import annotations
 import ctypes
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ember_core.config import EngineConfig
 from ember_core.device import resolve_device
 from ember_core.loaders import load_model
-from ember_core.parallel.group import RankLost, join, leave
+from ember_core.parallel.group import join, leave
+from ember_core.parallel.rank_lost import RankLost
+from ember_core.parallel.shared_exchange import SharedExchange
 from ember_core.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,11 @@ def follow(config: EngineConfig, rank: int, world_size: int, address: str, threa
     if threads is not None:
         torch.set_num_threads(threads)
     parallel = join(rank, world_size, address)
+    exchange = None
     try:
+        if threads is not None:  # started by a leader on this host: gather through shared memory
+            exchange = SharedExchange(rank, world_size, parallel.broadcast())
+            parallel = replace(parallel, exchange=exchange)
         setup: RankSetup | None = parallel.broadcast()
         if setup is None:  # the leader could not load the model
             return
@@ -53,6 +59,8 @@ def follow(config: EngineConfig, rank: int, world_size: int, address: str, threa
         raise SystemExit(1) from None
     finally:
         leave()
+        if exchange is not None:
+            exchange.close()
 
 
 def _exit_with_parent() -> None:

@@ -8,25 +8,26 @@ tensor's size): every rank gets the same bits, the same every run, whatever else
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ember_core.parallel.rank_lost import RankLost
+from ember_core.parallel.shared_exchange import SharedExchange
 
 # A worker rank waits in a collective while its engine is idle: no timeout but a dead peer's
 # closed connection, which gloo reports at once.
 _IDLE_WAIT = datetime.timedelta(days=365)
 
 
-class RankLost(RuntimeError):
-    """A rank of the group is gone: the model cannot run a step without it."""
-
-
 @dataclass(frozen=True)
 class TensorParallel:
     rank: int
     world_size: int
+    # Ranks on one host gather through shared memory (shared_exchange.py); others through gloo.
+    exchange: SharedExchange | None = field(default=None, compare=False)
 
     @property
     def is_leader(self) -> bool:
@@ -46,6 +47,8 @@ class TensorParallel:
         return torch.cat(self._gathered(x), dim=-1)
 
     def _gathered(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.exchange is not None and (shared := self.exchange.gather(x)) is not None:
+            return shared
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         try:
             dist.all_gather(parts, x.contiguous())

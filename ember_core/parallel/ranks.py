@@ -13,12 +13,15 @@ import logging
 import multiprocessing
 import os
 import socket
+from dataclasses import replace
 
 import torch
 
 from ember_core.config import EngineConfig
 from ember_core.parallel.follower import RankSetup, follow
-from ember_core.parallel.group import RankLost, join, leave
+from ember_core.parallel.group import join, leave
+from ember_core.parallel.rank_lost import RankLost
+from ember_core.parallel.shared_exchange import SharedExchange
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,10 @@ class LeaderRanks:
             for process in self.processes:
                 process.start()
         self.parallel = join(0, world_size, address)
+        if self.processes:  # all on this host: the collectives go through shared memory
+            exchange = SharedExchange(0, world_size, peers_alive=lambda: all(p.is_alive() for p in self.processes))
+            self.parallel.broadcast(exchange.name)
+            self.parallel = replace(self.parallel, exchange=exchange)
         logger.info("tensor parallel: rank 0 of %d at %s, local followers %s", world_size, address, [p.pid for p in self.processes])
 
     def share(self, setup: RankSetup) -> None:
@@ -82,6 +89,8 @@ class LeaderRanks:
             if process.is_alive():
                 process.kill()
         leave()
+        if self.parallel.exchange is not None:
+            self.parallel.exchange.close()
         torch.set_num_threads(self.threads_before)
 
 

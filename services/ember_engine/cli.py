@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     from ember_core.config import EngineConfig
     from ember_core.engine.engine import Engine
     from ember_core.parallel.follower import follow
-    from ember_core.parallel.group import RankLost
+    from ember_core.parallel.rank_lost import RankLost
     from ember_core.parallel.ranks import torchrun_rank
     from ember_engine.worker import EngineWorker, WorkerOptions
 

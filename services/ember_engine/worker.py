@@ -23,7 +23,7 @@ import zmq
 
 from ember_core.engine.block_map import block_holders
 from ember_core.engine.engine import Engine
-from ember_core.parallel.group import RankLost
+from ember_core.parallel.rank_lost import RankLost
 from ember_core.sampling_params import SamplingParams
 from ember_engine.adapter_loads import AdapterLoads
 from ember_proto import (

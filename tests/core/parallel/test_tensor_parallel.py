@@ -15,7 +15,8 @@ import torch
 
 from ember_core import LLM, SamplingParams
 from ember_core.models.decoder_config import DecoderConfig
-from ember_core.parallel.group import RankLost, TensorParallel
+from ember_core.parallel.group import TensorParallel
+from ember_core.parallel.rank_lost import RankLost
 from ember_core.parallel.shards import DecoderShards
 from tests.families import FAMILIES, token_prompts, write_checkpoint
 from tests.reference import reference_greedy
