@@ -5,7 +5,9 @@ at load; `StackedBlockLinear` where their parts mix formats), and a sparse layer
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
+import gguf
 import numpy as np
 import torch
 from gguf.gguf_reader import ReaderTensor
@@ -41,7 +43,48 @@ def _as_bytes(tensor: ReaderTensor) -> torch.Tensor:
     return data if data.dtype == torch.uint8 else data.view(torch.uint8)
 
 
-def _keep_expert_blocks(experts: Experts, layer: int, by_name: dict[str, ReaderTensor]) -> bool:
+class MisalignedColumns(ValueError):
+    """A rank's columns of a tensor start or end inside a block."""
+
+
+@dataclass(frozen=True)
+class BlockRows:
+    """A matrix's rows as uint8 blocks, indexed by its values' rows and columns, as a tensor-parallel
+    rank's DecoderShards.take indexes it: a column range must start and end on block boundaries."""
+
+    blocks: torch.Tensor  # [rows, bytes per row]
+    kind: gguf.GGMLQuantizationType
+
+    def get_shape(self) -> tuple[int, int]:
+        block_size, type_size = gguf.GGML_QUANT_SIZES[self.kind]
+        return self.blocks.shape[0], self.blocks.shape[1] // type_size * block_size
+
+    def __getitem__(self, index: slice | tuple[slice, slice]) -> torch.Tensor:
+        if not isinstance(index, tuple):
+            return self.blocks[index]
+        rows, columns = index
+        block_size, type_size = gguf.GGML_QUANT_SIZES[self.kind]
+        if columns.start % block_size or columns.stop % block_size:
+            raise MisalignedColumns(f"columns {columns.start}:{columns.stop} cut {self.kind.name}'s {block_size}-wide blocks")
+        return self.blocks[rows, columns.start // block_size * type_size : columns.stop // block_size * type_size]
+
+
+def _taken(model: Decoder, name: str, blocks: torch.Tensor, kind: gguf.GGMLQuantizationType) -> torch.Tensor:
+    """The blocks of checkpoint tensor `name` (HF's) this model holds: all of them, or its
+    tensor-parallel rank's part."""
+    return blocks if model.shards is None else model.shards.take(name, BlockRows(blocks, kind))
+
+
+def _expert_blocks(model: Decoder, tensor: ReaderTensor) -> torch.Tensor:
+    """A sparse layer's stacked experts' blocks [experts, rows, bytes], this model's part of them."""
+    name = hf_name(tensor.name, model.config.family)
+    return torch.stack([
+        _taken(model, name.replace(".experts.", f".experts.{expert}."), blocks, tensor.tensor_type)
+        for expert, blocks in enumerate(_as_bytes(tensor))
+    ])
+
+
+def _keep_expert_blocks(model: Decoder, experts: Experts, layer: int, by_name: dict[str, ReaderTensor]) -> bool:
     """Give a sparse layer's experts the file's blocks when gate and up share a format the kernels
     read (and down is in one), else leave them dense; returns whether they took the blocks."""
     gate, up, down = (by_name[f"blk.{layer}.{name}.weight"] for name in EXPERT_TENSORS)
@@ -50,14 +93,21 @@ def _keep_expert_blocks(experts: Experts, layer: int, by_name: dict[str, ReaderT
     sixteen_bit = {t.tensor_type for t in (gate, down)} & set(SIXTEEN_BIT_KINDS.values())
     if sixteen_bit and (experts.hidden_size % SIXTEEN_BIT_ROW_MULTIPLE or experts.expert_size % SIXTEEN_BIT_ROW_MULTIPLE):
         return False
-    gate_up = torch.cat([_as_bytes(gate), _as_bytes(up)], dim=1).contiguous()
-    experts.keep_blocks(gate_up, GGUF_BLOCK_FORMATS[gate.tensor_type], _as_bytes(down), GGUF_BLOCK_FORMATS[down.tensor_type])
+    try:
+        gate_up = torch.cat([_expert_blocks(model, gate), _expert_blocks(model, up)], dim=1).contiguous()
+        down_blocks = _expert_blocks(model, down)
+    except MisalignedColumns:  # this rank's down columns cut blocks: its experts stay dense
+        return False
+    experts.keep_blocks(gate_up, GGUF_BLOCK_FORMATS[gate.tensor_type], down_blocks, GGUF_BLOCK_FORMATS[down.tensor_type])
     return True
 
 
 def _blocks_in_hf_order(model: Decoder, shards: list[tuple[str, ReaderTensor]]) -> torch.Tensor:
     """The shards' rows as uint8 blocks (16-bit rows included), stacked in the fused HF order."""
-    rows = [in_hf_row_order(f"{shard}.weight", _as_bytes(tensor), model.config) for shard, tensor in shards]
+    rows = []
+    for shard, tensor in shards:
+        blocks = in_hf_row_order(f"{shard}.weight", _as_bytes(tensor), model.config)
+        rows.append(_taken(model, f"model.{shard}.weight", blocks, tensor.tensor_type))
     return torch.cat(rows).contiguous()
 
 
@@ -71,10 +121,13 @@ def _block_linear(model: Decoder, name: str, shards: list[tuple[str, ReaderTenso
     if any(sixteen_bit) and linear.in_features % SIXTEEN_BIT_ROW_MULTIPLE:
         return None
     # Runs of consecutive shards in one format, e.g. [q, k] in Q4_K and [v] in Q6_K.
-    parts = [
-        GGUFBlockLinear(_blocks_in_hf_order(model, list(run)), kind, linear.in_features, None)
-        for kind, run in itertools.groupby(shards, key=lambda shard: shard[1].tensor_type)
-    ]
+    try:
+        parts = [
+            GGUFBlockLinear(_blocks_in_hf_order(model, list(run)), kind, linear.in_features, None)
+            for kind, run in itertools.groupby(shards, key=lambda shard: shard[1].tensor_type)
+        ]
+    except MisalignedColumns:  # this rank's columns cut blocks: it keeps its part's dequantized rows
+        return None
     rows = sum(part.out_features for part in parts)
     if rows != linear.out_features:
         raise ValueError(f"{name}: GGUF blocks have {rows} rows, expected {linear.out_features}")
@@ -112,7 +165,7 @@ def keep_gguf_blocks(model: Decoder, tensors: list[ReaderTensor], only_layer: in
     for name, module in model.named_modules():
         layer = int(name.split(".")[1]) if isinstance(module, Experts) else None
         if layer is not None and only_layer in (None, layer):
-            replaced += _keep_expert_blocks(module, layer, by_name)
+            replaced += _keep_expert_blocks(model, module, layer, by_name)
     if only_layer is not None:
         return replaced
     embedding = by_module["embed_tokens"]

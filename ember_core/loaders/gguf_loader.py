@@ -21,9 +21,12 @@ from ember_core.loaders.gguf_tensors import iter_gguf_weights
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.models.decoder import Decoder
 from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
+from ember_core.parallel.group import TensorParallel
+from ember_core.parallel.shards import DecoderShards
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
 
 logger = logging.getLogger(__name__)
+
 
 class FastGGUFReader(gguf.GGUFReader):
     """gguf's reader over a plain ndarray view of the file's memory map. Every slice of a
@@ -40,23 +43,33 @@ class FastGGUFReader(gguf.GGUFReader):
 
 
 def load_gguf(
-    path: Path, device: torch.device, dtype: DtypeChoice, keep_blocks: bool = True, numerics: Numerics = "exact"
+    path: Path,
+    device: torch.device,
+    dtype: DtypeChoice,
+    keep_blocks: bool = True,
+    numerics: Numerics = "exact",
+    parallel: TensorParallel | None = None,
 ) -> tuple[nn.Module, Tokenizer | None, ResolvedNumerics]:
     """`keep_blocks`: in float32 or bfloat16 on CPU, run Q4_0 to Q8_0, Q2_K to Q6_K, IQ4_NL and IQ4_XS
     weights from their blocks (gguf_blocks.py). `numerics` "auto" is "fast" where the file's linears
-    are quantized and kept in their blocks; returned resolved."""
+    are quantized and kept in their blocks; returned resolved. `parallel`: load this tensor-parallel
+    rank's part (parallel/shards.py); a part whose columns cut the file's blocks keeps its values."""
     try:
         reader = FastGGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
     config = decoder_config_from_gguf(reader)
+    take = None if parallel is None else DecoderShards(config, parallel).take
     tokenizer = tokenizer_from_gguf(reader)
     keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
     numerics = resolve_numerics(numerics, keeps_blocks and _holds_quantized_weights(reader.tensors), device, dtype)
-    dtype = chosen_dtype(numerics_dtype(numerics, dtype), lambda: _with_first_layer_blocks(Decoder(config), reader.tensors, keeps_blocks))
+    dtype = chosen_dtype(
+        numerics_dtype(numerics, dtype),
+        lambda: _with_first_layer_blocks(Decoder(config, parallel), reader.tensors, keeps_blocks),
+    )
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
-    weights = iter_gguf_weights(reader.tensors, config, dtype)
-    model = materialize(lambda: Decoder(config), weights, device, dtype, norm_offset=0.0)
+    weights = iter_gguf_weights(reader.tensors, config, dtype, take)
+    model = materialize(lambda: Decoder(config, parallel), weights, device, dtype, norm_offset=0.0)
     if keeps_blocks and dtype in (torch.float32, torch.bfloat16):
         replaced = keep_gguf_blocks(model, reader.tensors)
         logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)

@@ -12,6 +12,7 @@ import torch
 from gguf.gguf_reader import ReaderTensor
 from tqdm.auto import tqdm
 
+from ember_core.loaders.hf import Take
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.models.family import Family, NormSlot
 
@@ -102,17 +103,20 @@ def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: DecoderConf
 
 
 def iter_gguf_weights(
-    tensors: list[ReaderTensor], config: DecoderConfig, dtype: torch.dtype
+    tensors: list[ReaderTensor], config: DecoderConfig, dtype: torch.dtype, take: Take | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight by its HF name; with `take` (a tensor-parallel rank's, parallel/shards.py), only
+    the part it takes."""
     for tensor in tqdm(tensors, desc="loading GGUF", unit="tensor"):
         if tensor.name in NOT_WEIGHTS:
             continue
         name = hf_name(tensor.name, config.family)
-        values = in_hf_row_order(name, dequantize(tensor), config).to(dtype)
+        values = in_hf_row_order(name, dequantize(tensor), config)
         if ".experts." in name:  # one checkpoint tensor per expert, as Hugging Face stores them
-            for expert, expert_values in enumerate(values):
-                yield name.replace(".experts.", f".experts.{expert}."), expert_values
+            parts = [(name.replace(".experts.", f".experts.{expert}."), part) for expert, part in enumerate(values)]
         elif name.endswith("shared_expert_gate.weight"):  # llama.cpp stores its one row as a vector
-            yield name, values.reshape(1, -1)
+            parts = [(name, values.reshape(1, -1))]
         else:
-            yield name, values
+            parts = [(name, values)]
+        for part_name, part in parts:
+            yield part_name, (part if take is None else take(part_name, part)).to(dtype)

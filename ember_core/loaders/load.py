@@ -65,10 +65,8 @@ def load_model(
     (EngineConfig.gguf_weights == "blocks"). `numerics`: ember_core/numerics.py. `parallel`: load
     this tensor-parallel rank's part of the model (parallel/shards.py)."""
     path = resolve_model(name)
-    if path.suffix == ".gguf" and parallel is not None:
-        raise ValueError("tensor parallelism reads Hugging Face checkpoints: a GGUF file is not split across ranks yet")
     if path.suffix == ".gguf":
-        model, tokenizer, numerics = load_gguf(path, device, dtype, compact_weights, numerics)
+        model, tokenizer, numerics = load_gguf(path, device, dtype, compact_weights, numerics, parallel)
         pooling = read_pooling_config(None, {}, model.config.pooling)
     else:
         numerics = resolve_numerics(numerics, False, device, dtype)
