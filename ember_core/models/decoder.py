@@ -27,6 +27,7 @@ from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import Rope, apply_rope_
 from ember_core.parallel.group import TensorParallel
 from ember_core.parallel.shards import DecoderShards
+from ember_core.parallel.split_norm import SplitRMSNorm
 
 _ATTENTION_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj")
 _MLP_LINEARS = ("mlp.gate_up_proj", "mlp.down_proj")
@@ -36,7 +37,7 @@ IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # saved by old transformers versions
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DecoderConfig, layer: LayerSpec) -> None:
+    def __init__(self, config: DecoderConfig, layer: LayerSpec, shards: DecoderShards | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -48,6 +49,12 @@ class Attention(nn.Module):
             per_head = qk_norm == "head"
             self.q_norm = RMSNorm(config.head_dim if per_head else self.q_size, config.rms_norm_eps)
             self.k_norm = RMSNorm(config.head_dim if per_head else self.kv_size, config.rms_norm_eps)
+        if qk_norm == "projection" and shards is not None:
+            whole, eps = shards.config, config.rms_norm_eps
+            self.q_norm = SplitRMSNorm(self.q_size, eps, shards.parallel, whole.num_heads * whole.head_dim, counted=True)
+            self.k_norm = SplitRMSNorm(
+                self.kv_size, eps, shards.parallel, whole.num_kv_heads * whole.head_dim, counted=shards.counts_its_kv_heads
+            )
         self.attn = PagedAttention(
             config.num_heads, config.num_kv_heads, config.head_dim, config.scale, layer.sliding_window,
             config.attn_logit_softcap,
@@ -71,17 +78,17 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: DecoderConfig, layer: LayerSpec, parallel: TensorParallel | None = None) -> None:
-        """config: this rank's sizes under tensor parallelism (parallel), whose o and down outputs
+    def __init__(self, config: DecoderConfig, layer: LayerSpec, shards: DecoderShards | None = None) -> None:
+        """config: this rank's sizes under tensor parallelism (shards), whose o and down outputs
         are then partial sums, added across ranks before the residual."""
         super().__init__()
         self.config = config
-        self.parallel = parallel
+        self.parallel = None if shards is None else shards.parallel
         self.rope = layer.rope
         for slot in NORM_SLOTS:
             norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
             setattr(self, f"{slot}_norm", norm)
-        self.self_attn = Attention(config, layer)
+        self.self_attn = Attention(config, layer, shards)
         self.mlp: MLP | SparseMoE
         if layer.sparse_mlp:
             self.mlp = SparseMoE(config.moe, config.hidden_size, config.activation)
@@ -177,7 +184,7 @@ class Decoder(nn.Module):
         self.shards = None if parallel is None else DecoderShards(config, parallel)
         self.sizes = config if self.shards is None else self.shards.local_config()
         self.embed_tokens = nn.Embedding(self.sizes.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(self.sizes, layer, parallel) for layer in config.layers)
+        self.layers = nn.ModuleList(DecoderLayer(self.sizes, layer, self.shards) for layer in config.layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if config.tie_word_embeddings:
             self.lm_head = tied_head(self.embed_tokens)

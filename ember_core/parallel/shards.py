@@ -3,7 +3,8 @@ q/k/v and gate/up by output rows (column-parallel), o and down by input columns 
 sum across ranks after each), the embedding and the head by vocabulary rows, and every expert of a
 mixture by its intermediate rows. A rank's K/V heads are the ones its query heads read: split where
 there are at least as many as ranks, else each rank keeps the one its heads share (replicated).
-Norms, the router and the shared expert's gate are whole on every rank.
+Norms, the router and the shared expert's gate are whole on every rank, but for q and k norms that
+span all heads (OLMo 2), split as q and k are.
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ class DecoderShards:
         for fits, what in checks:
             if not fits:
                 raise ValueError(f"tensor parallel size {n} does not divide {what}")
-        if c.family.qk_norm == "projection":
-            raise ValueError(f"{c.family.name} normalizes q and k over all heads at once: not split across ranks yet")
 
     @property
     def local_vocab(self) -> int:
@@ -66,6 +65,13 @@ class DecoderShards:
             intermediate_size=c.intermediate_size // n, moe=moe,
         )
 
+    @property
+    def counts_its_kv_heads(self) -> bool:
+        """Whether this rank is the first to hold its K/V heads (the only one, unless they are
+        replicated over more ranks than there are heads)."""
+        c, n = self.config, self.parallel.world_size
+        return c.num_kv_heads >= n or self.parallel.rank % (n // c.num_kv_heads) == 0
+
     def _q_rows(self) -> slice:
         size = self.config.num_heads // self.parallel.world_size * self.config.head_dim
         return slice(self.parallel.rank * size, (self.parallel.rank + 1) * size)
@@ -84,7 +90,7 @@ class DecoderShards:
     def take(self, name: str, source: Sliceable) -> torch.Tensor:
         """This rank's part of the checkpoint tensor `name` (HF's), read from source."""
         shape = _shape(source)
-        kind = _kind(name)
+        kind = _kind(name, self.config.family.qk_norm == "projection")
         if kind == "vocab":
             rows = source[self.vocab_start : min(self.vocab_start + self.local_vocab, shape[0])]
             padding = self.local_vocab - rows.shape[0]
@@ -118,16 +124,16 @@ _COLUMN_PARALLEL = ("gate_proj", "up_proj", "w1", "w3")
 _ROW_PARALLEL = ("down_proj", "w2")
 
 
-def _kind(name: str) -> str:
+def _kind(name: str, projection_norms: bool) -> str:
     """How tensor `name` splits: by vocabulary rows, query or K/V head rows, rows or columns evenly,
-    only on the leader, or not at all ("whole")."""
+    only on the leader, or not at all ("whole"). projection_norms: q and k norms span all heads."""
     module, _, parameter = name.removeprefix("model.").rpartition(".")
     last = module.rpartition(".")[2]
     if module in ("embed_tokens", "lm_head"):
         return "vocab"
-    if last == "q_proj":
+    if last == "q_proj" or (projection_norms and last == "q_norm"):
         return "q"
-    if last in ("k_proj", "v_proj"):
+    if last in ("k_proj", "v_proj") or (projection_norms and last == "k_norm"):
         return "kv"
     if last == "qkv_proj":
         return "qkv"

@@ -22,21 +22,29 @@ from tests.families import FAMILIES, token_prompts, write_checkpoint
 from tests.reference import reference_greedy
 
 MAX_TOKENS = 8
-# OLMo 2 and OLMoE normalize q and k over all heads at once: refused below.
-SPLIT_FAMILIES = sorted(set(FAMILIES) - {"olmo2", "olmoe"})
 
 
-@pytest.mark.parametrize("family", SPLIT_FAMILIES)
-def test_two_ranks_generate_transformers_greedy_tokens(family: str, tmp_path: Path) -> None:
-    reference = write_checkpoint(family, tmp_path)
+def _generates_transformers_greedy_tokens(family: str, ranks: int, path: Path) -> None:
+    reference = write_checkpoint(family, path)
     prompts = token_prompts((5, 19, 11))
     expected = [reference_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with LLM(str(tmp_path), dtype="float32", num_blocks=64, tensor_parallel_size=2) as llm:
+    with LLM(str(path), dtype="float32", num_blocks=64, tensor_parallel_size=ranks) as llm:
         alone = [llm.generate([prompt], greedy)[0].outputs[0].token_ids for prompt in prompts]
         batched = [output.outputs[0].token_ids for output in llm.generate(prompts, greedy)]
     assert alone == expected
     assert batched == expected
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_two_ranks_generate_transformers_greedy_tokens(family: str, tmp_path: Path) -> None:
+    _generates_transformers_greedy_tokens(family, 2, tmp_path)
+
+
+# One query head a rank, and each of the 2 K/V heads held by two ranks (OLMo 2's k norm counts it once).
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2", "mixtral", "qwen2_moe"])
+def test_four_ranks_generate_transformers_greedy_tokens(family: str, tmp_path: Path) -> None:
+    _generates_transformers_greedy_tokens(family, 4, tmp_path)
 
 
 def test_each_rank_holds_its_part_of_the_weights(tmp_path: Path) -> None:
@@ -72,9 +80,6 @@ def test_what_does_not_split_is_refused_in_one_line(tmp_path: Path) -> None:
     write_checkpoint("llama", tmp_path / "llama", num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(ValueError, match="tensor parallel size 3 does not divide its 4 attention heads"):
         LLM(str(tmp_path / "llama"), dtype="float32", num_blocks=16, tensor_parallel_size=3)
-    write_checkpoint("olmo2", tmp_path / "olmo2")
-    with pytest.raises(ValueError, match="olmo2 normalizes q and k over all heads"):
-        LLM(str(tmp_path / "olmo2"), dtype="float32", num_blocks=16, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="LoRA adapters are not split"):
         LLM(str(tmp_path / "llama"), tensor_parallel_size=2, enable_lora=True)
 
