@@ -16,11 +16,9 @@ from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.loaders.hf import iter_hf_weights, read_hf_config
 from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
 from ember_core.loaders.resolve import resolve_model
-from ember_core.models.decoder_config import DecoderConfig
-from ember_core.models.registry import config_from_hf, model_for
+from ember_core.models.registry import config_from_hf, model_for, shards_for
 from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
 from ember_core.parallel.group import TensorParallel
-from ember_core.parallel.shards import DecoderShards
 from ember_core.pooling import PoolingConfig, read_pooling_config
 from ember_core.tokenizer import Tokenizer, load_hf_tokenizer
 
@@ -45,9 +43,7 @@ def _load_hf(
 ) -> tuple[nn.Module, Tokenizer | None]:
     config = config_from_hf(read_hf_config(model_dir))
     dtype = chosen_dtype(dtype, lambda: model_for(config))
-    take = None
-    if parallel is not None and isinstance(config, DecoderConfig):  # model_for refuses GPT-2's
-        take = DecoderShards(config, parallel).take
+    take = None if parallel is None else shards_for(config, parallel).take
     model = materialize(lambda: model_for(config, parallel), iter_hf_weights(model_dir, take), device, dtype)
     return model, load_hf_tokenizer(model_dir)
 

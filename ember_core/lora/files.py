@@ -6,7 +6,7 @@ from ember_core.lora.gguf_files import read_gguf_adapter
 from ember_core.lora.peft_files import read_peft_adapter
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder_config import DecoderConfig
-from ember_core.models.gpt2 import GPT2Config
+from ember_core.models.gpt2_config import GPT2Config
 
 
 def read_adapter(path: str, config: DecoderConfig | GPT2Config) -> AdapterWeights:

@@ -22,7 +22,8 @@ from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
 from ember_core.models.decoder_config import DecoderConfig
-from ember_core.models.gpt2 import GPT2, GPT2Config
+from ember_core.models.gpt2 import GPT2
+from ember_core.models.gpt2_config import GPT2Config
 
 _HEAD = "lm_head"
 

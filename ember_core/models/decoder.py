@@ -205,17 +205,12 @@ class Decoder(nn.Module):
         return self.norm(hidden)
 
     def _embedded(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.shards is None:
-            return self.embed_tokens(input_ids)
-        local_ids = input_ids - self.shards.vocab_start
-        elsewhere = (local_ids < 0) | (local_ids >= self.sizes.vocab_size)
-        hidden = self.embed_tokens(local_ids.clamp(0, self.sizes.vocab_size - 1)).masked_fill_(elsewhere[:, None], 0)
-        return self.shards.parallel.sum(hidden)
+        return self.embed_tokens(input_ids) if self.shards is None else self.shards.vocab.embedded(self.embed_tokens, input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)
-        if self.parallel is not None:
-            logits = self.parallel.concat(logits)[:, : self.config.vocab_size]
+        if self.shards is not None:
+            logits = self.shards.vocab.logits(logits)
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

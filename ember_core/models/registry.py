@@ -9,8 +9,11 @@ from torch import nn
 from ember_core.models.decoder import Decoder
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.models.family import FAMILIES
-from ember_core.models.gpt2 import GPT2, GPT2Config
+from ember_core.models.gpt2 import GPT2
+from ember_core.models.gpt2_config import GPT2Config
+from ember_core.parallel.gpt2_shards import GPT2Shards
 from ember_core.parallel.group import TensorParallel
+from ember_core.parallel.shards import DecoderShards
 
 SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES])
 
@@ -47,10 +50,13 @@ def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
 def model_for(config: DecoderConfig | GPT2Config, parallel: TensorParallel | None = None) -> nn.Module:
     """The model of a config; with parallel, one tensor-parallel rank's part of it."""
     if isinstance(config, GPT2Config):
-        if parallel is not None:
-            raise ValueError("GPT-2 is not split across ranks: tensor parallelism serves the Llama-like families")
-        return GPT2(config)
+        return GPT2(config, parallel)
     return Decoder(config, parallel)
+
+
+def shards_for(config: DecoderConfig | GPT2Config, parallel: TensorParallel) -> DecoderShards | GPT2Shards:
+    """What a tensor-parallel rank takes of each of the model's checkpoint tensors."""
+    return GPT2Shards(config, parallel) if isinstance(config, GPT2Config) else DecoderShards(config, parallel)
 
 
 def model_from_hf_config(hf_config: dict[str, Any]) -> nn.Module:

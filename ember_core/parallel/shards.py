@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.parallel.group import TensorParallel
-
-# Any object indexed like a tensor that knows its shape: a tensor, or a safetensors slice, which
-# reads only the part indexed.
-Sliceable = Any
-
-
-def _shape(source: Sliceable) -> tuple[int, ...]:
-    return tuple(source.get_shape()) if hasattr(source, "get_shape") else tuple(source.shape)
+from ember_core.parallel.sliceable import Sliceable, shape_of
+from ember_core.parallel.vocab import VocabSplit
 
 
 @dataclass(frozen=True)
@@ -46,13 +39,8 @@ class DecoderShards:
                 raise ValueError(f"tensor parallel size {n} does not divide {what}")
 
     @property
-    def local_vocab(self) -> int:
-        """Vocabulary rows per rank: the last rank's padded with zero rows to as many as the others'."""
-        return -(-self.config.vocab_size // self.parallel.world_size)
-
-    @property
-    def vocab_start(self) -> int:
-        return self.parallel.rank * self.local_vocab
+    def vocab(self) -> VocabSplit:
+        return VocabSplit(self.config.vocab_size, self.parallel)
 
     def local_config(self) -> DecoderConfig:
         """The sizes of this rank's layers."""
@@ -61,7 +49,7 @@ class DecoderShards:
             c.moe, expert_size=c.moe.expert_size // n, shared_expert_size=c.moe.shared_expert_size // n
         )
         return dataclasses.replace(
-            c, vocab_size=self.local_vocab, num_heads=c.num_heads // n, num_kv_heads=max(c.num_kv_heads // n, 1),
+            c, vocab_size=self.vocab.local_size, num_heads=c.num_heads // n, num_kv_heads=max(c.num_kv_heads // n, 1),
             intermediate_size=c.intermediate_size // n, moe=moe,
         )
 
@@ -89,12 +77,10 @@ class DecoderShards:
 
     def take(self, name: str, source: Sliceable) -> torch.Tensor:
         """This rank's part of the checkpoint tensor `name` (HF's), read from source."""
-        shape = _shape(source)
+        shape = shape_of(source)
         kind = _kind(name, self.config.family.qk_norm == "projection")
         if kind == "vocab":
-            rows = source[self.vocab_start : min(self.vocab_start + self.local_vocab, shape[0])]
-            padding = self.local_vocab - rows.shape[0]
-            return torch.cat([rows, rows.new_zeros(padding, *rows.shape[1:])]) if padding else rows
+            return self.vocab.rows(source)
         if kind == "q":
             return source[self._q_rows()]
         if kind == "kv":

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from ember_core import LLM, SamplingParams
 from ember_core.models.decoder_config import DecoderConfig
 from ember_core.parallel.group import TensorParallel
 from ember_core.parallel.rank_lost import RankLost
 from ember_core.parallel.shards import DecoderShards
+from tests.conftest import write_gpt2_checkpoint
 from tests.families import FAMILIES, token_prompts, write_checkpoint
 from tests.reference import reference_greedy
 
@@ -45,6 +47,22 @@ def test_two_ranks_generate_transformers_greedy_tokens(family: str, tmp_path: Pa
 @pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2", "mixtral", "qwen2_moe"])
 def test_four_ranks_generate_transformers_greedy_tokens(family: str, tmp_path: Path) -> None:
     _generates_transformers_greedy_tokens(family, 4, tmp_path)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_over_two_ranks_generates_transformers_greedy_tokens(tied: bool, tmp_path: Path) -> None:
+    write_gpt2_checkpoint(tmp_path, n_inner=96, tie_word_embeddings=tied)
+    reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompts = token_prompts((5, 19, 11))
+    expected = [reference_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLM(str(tmp_path), dtype="float32", num_blocks=64, tensor_parallel_size=2) as llm:
+        alone = [llm.generate([prompt], greedy)[0].outputs[0].token_ids for prompt in prompts]
+        batched = [output.outputs[0].token_ids for output in llm.generate(prompts, greedy)]
+        block = llm.engine.runner.model.blocks[0]
+    assert alone == expected
+    assert batched == expected
+    assert block.c_attn.weight.shape == (3 * 32, 64) and block.mlp_proj.weight.shape == (64, 48)  # 2 of 4 heads
 
 
 def test_each_rank_holds_its_part_of_the_weights(tmp_path: Path) -> None:
