@@ -23,6 +23,9 @@ constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
 constexpr int64_t kAttentionLinears = 2;  // qkv, o: the attention half alone, for a layer whose MLP runs elsewhere
 // The norms' slots: before and after attention, before and after the MLP, then the q and k norms.
 enum Norm : int64_t { kAttentionIn, kAttentionOut, kMlpIn, kMlpOut, kQuery, kKey, kNorms };
+// What a call runs: the whole layer, or a tensor-parallel rank's attention or MLP up to its linear's
+// output, its part of the sum the ranks add up before the norm after it and the residual.
+enum Stage : int64_t { kWholeLayer, kAttentionPart, kMlpPart };
 
 at::Tensor normed(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   return weight ? ember::rms_norm(x, *weight, eps) : x;
@@ -84,14 +87,16 @@ struct LayerAdapters {
 // or only qkv and o for the first line alone (a mixture of experts' layer); weights and formats: per
 // part (LayerLinears); a format is ember::linear's code (ops.h). Each token is its own sequence's
 // decode. Rotary turns the first cos.size(1) dims of each q and k head. lora_*: LayerAdapters, with
-// lora_rows None for a step without adapters.
+// lora_rows None for a step without adapters. stage kAttentionPart or kMlpPart (a tensor-parallel
+// rank's, models/decoder.py): run that line alone up to o's or down's output, written to partial
+// instead of added to hidden.
 void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& norms, double eps,
                     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef formats,
                     at::IntArrayRef parts, bool gelu, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
                     const at::Tensor& value_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                     const at::Tensor& context_lens, int64_t num_heads, double scale, double softcap, int64_t window,
                     const std::optional<at::Tensor>& lora_rows, at::TensorList lora_weights, at::ArrayRef<double> lora_scales,
-                    at::IntArrayRef lora_part_rows) {
+                    at::IntArrayRef lora_part_rows, int64_t stage, const std::optional<at::Tensor>& partial) {
   const int64_t linears = static_cast<int64_t>(parts.size());
   int64_t all_parts = 0;
   for (const int64_t count : parts) {
@@ -108,6 +113,10 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
   TORCH_CHECK(!lora_rows || static_cast<int64_t>(lora_weights.size()) == 3 * linears,
               "decoder_layer_: lora_weights must hold A, B and ranks for each linear, got ", lora_weights.size());
   const LayerAdapters adapters{lora_rows, lora_weights, lora_scales, lora_part_rows};
+  TORCH_CHECK(stage >= kWholeLayer && stage <= kMlpPart && (stage == kWholeLayer) != partial.has_value() &&
+                  (stage != kMlpPart || linears == kLinears),
+              "decoder_layer_: stage ", stage, " takes partial only for a rank's part (1: attention, 2: the MLP, ",
+              "with its linears)");
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == kNorms, "decoder_layer_: norms must hold ", kNorms,
               " entries (attention in/out, mlp in/out, q, k; None where absent), got ", norms.size());
   TORCH_CHECK(hidden.dim() == 2 && key_cache.dim() == 4, "decoder_layer_: hidden must be [tokens, hidden_size] ",
@@ -116,32 +125,46 @@ void decoder_layer_(const at::Tensor& hidden, const c10::List<std::optional<at::
   // An 8-bit cache's rows end in their scale (kv_quant.h).
   const int64_t tokens = hidden.size(0), kv_heads = key_cache.size(2);
   const int64_t head_dim = key_cache.size(3) - (is_quantized_cache(key_cache.scalar_type()) ? kScaleBytes : 0);
-  const at::Tensor attention_in = normed(hidden, norms.get(kAttentionIn), eps);
-  const at::Tensor qkv = linear(0, attention_in);
-  adapters.add(0, qkv, attention_in);
-  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
-              qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
-  if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
-  if (const auto k_norm = norms.get(kKey))
-    norm_heads_(qkv.narrow(1, num_heads * head_dim, kv_heads * head_dim), kv_heads, head_dim, *k_norm, eps);
-  const at::Tensor heads = qkv.view({tokens, num_heads + 2 * kv_heads, head_dim});
-  ember::rotary_(heads.narrow(1, 0, num_heads + kv_heads).narrow(2, 0, cos.size(1)), cos, sin);
-  ember::write_kv_cache_(key_cache, value_cache, slot_mapping, heads.narrow(1, num_heads, kv_heads),
-                         heads.narrow(1, num_heads + kv_heads, kv_heads));
-  const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
-                                                             block_tables, context_lens, scale, softcap, window);
-  const at::Tensor attention_rows = attention.view({tokens, num_heads * head_dim});
-  const at::Tensor attention_out = linear(1, attention_rows);
-  adapters.add(1, attention_out, attention_rows);
-  hidden.add_(normed(attention_out, norms.get(kAttentionOut), eps));
+  const auto attention_out = [&]() {
+    const at::Tensor attention_in = normed(hidden, norms.get(kAttentionIn), eps);
+    const at::Tensor qkv = linear(0, attention_in);
+    adapters.add(0, qkv, attention_in);
+    TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kv_heads) * head_dim, "decoder_layer_: the qkv projection gives ",
+                qkv.size(1), " columns, expected (", num_heads, " + 2 * ", kv_heads, ") * ", head_dim);
+    if (const auto q_norm = norms.get(kQuery)) norm_heads_(qkv.narrow(1, 0, num_heads * head_dim), num_heads, head_dim, *q_norm, eps);
+    if (const auto k_norm = norms.get(kKey))
+      norm_heads_(qkv.narrow(1, num_heads * head_dim, kv_heads * head_dim), kv_heads, head_dim, *k_norm, eps);
+    const at::Tensor heads = qkv.view({tokens, num_heads + 2 * kv_heads, head_dim});
+    ember::rotary_(heads.narrow(1, 0, num_heads + kv_heads).narrow(2, 0, cos.size(1)), cos, sin);
+    ember::write_kv_cache_(key_cache, value_cache, slot_mapping, heads.narrow(1, num_heads, kv_heads),
+                           heads.narrow(1, num_heads + kv_heads, kv_heads));
+    const at::Tensor attention = ember::paged_decode_attention(heads.narrow(1, 0, num_heads), key_cache, value_cache,
+                                                               block_tables, context_lens, scale, softcap, window);
+    const at::Tensor attention_rows = attention.view({tokens, num_heads * head_dim});
+    const at::Tensor out = linear(1, attention_rows);
+    adapters.add(1, out, attention_rows);
+    return out;
+  };
+  const auto mlp_out = [&]() {
+    const at::Tensor mlp_in = normed(hidden, norms.get(kMlpIn), eps);
+    const at::Tensor gate_up = linear(2, mlp_in);
+    adapters.add(2, gate_up, mlp_in);
+    const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
+    const at::Tensor out = linear(3, activated);
+    adapters.add(3, out, activated);
+    return out;
+  };
+  if (stage == kAttentionPart) {
+    partial->copy_(attention_out());
+    return;
+  }
+  if (stage == kMlpPart) {
+    partial->copy_(mlp_out());
+    return;
+  }
+  hidden.add_(normed(attention_out(), norms.get(kAttentionOut), eps));
   if (linears == kAttentionLinears) return;
-  const at::Tensor mlp_in = normed(hidden, norms.get(kMlpIn), eps);
-  const at::Tensor gate_up = linear(2, mlp_in);
-  adapters.add(2, gate_up, mlp_in);
-  const at::Tensor activated = gelu ? ember::gelu_tanh_and_mul(gate_up) : ember::silu_and_mul(gate_up);
-  const at::Tensor mlp_out = linear(3, activated);
-  adapters.add(3, mlp_out, activated);
-  hidden.add_(normed(mlp_out, norms.get(kMlpOut), eps));
+  hidden.add_(normed(mlp_out(), norms.get(kMlpOut), eps));
 }
 
 }  // namespace
@@ -165,7 +188,8 @@ TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
       "decoder_layer_(Tensor(a!) hidden, Tensor?[] norms, float eps, Tensor[] weights, Tensor?[] biases, "
       "int[] formats, int[] parts, bool gelu, Tensor cos, Tensor sin, Tensor(b!) key_cache, Tensor(c!) value_cache, "
       "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, float scale, float softcap, "
-      "int window, Tensor? lora_rows, Tensor[] lora_weights, float[] lora_scales, int[] lora_part_rows) -> ()");
+      "int window, Tensor? lora_rows, Tensor[] lora_weights, float[] lora_scales, int[] lora_part_rows, "
+      "int stage=0, Tensor(d!)? partial=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("decoder_layer_", &decoder_layer_); }

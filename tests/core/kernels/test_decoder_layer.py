@@ -2,7 +2,8 @@
 C++ call, against the layer's modules: the same output bits and the same K/V written, for every
 family's switches (norms before and after, q/k norms, biases, GeGLU, partial rotary, windows,
 soft-caps), float32 weights with biases, GGUF blocks (mixed-format K-quant linears too, in both
-numerics), a half-size cache, and LoRA adapters on some rows; and decode steps take it."""
+numerics), a half-size cache, LoRA adapters on some rows, and a tensor-parallel rank's layer (the
+call stops at o's output, which the ranks add up); and decode steps take it."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from ember_core.loaders import load_model
 from ember_core.lora.slots import AdapterSlots
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
+from ember_core.parallel.group import join, leave
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.model_runner import ModelRunner
 from tests.families import FAMILIES, write_checkpoint
+from tests.processes import free_port
 
 pytestmark = pytest.mark.usefixtures("kernel")
 
@@ -91,6 +94,20 @@ def _assert_fused_layers_match_modules(runner: ModelRunner, row_slots: list[int]
 @torch.inference_mode()
 def test_every_family_s_layer(family: str, tmp_path: Path) -> None:
     _assert_fused_layers_match_modules(ModelRunner(tiny_model(family, tmp_path), num_blocks=256, block_size=BLOCK_SIZE))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi3", "qwen2_moe"])
+@torch.inference_mode()
+def test_a_tensor_parallel_rank_s_layer(family: str, tmp_path: Path) -> None:
+    """A rank of a one-rank group: the same split path as N ranks (the attention's and the MLP's
+    calls, each to its partial output, and the sums), with every rank's part in this process."""
+    write_checkpoint(family, tmp_path / family)
+    parallel = join(0, 1, f"127.0.0.1:{free_port()}")
+    try:
+        model = load_model(str(tmp_path / family), torch.device("cpu"), torch.float32, parallel=parallel).model
+        _assert_fused_layers_match_modules(ModelRunner(model, num_blocks=256, block_size=BLOCK_SIZE))
+    finally:
+        leave()
 
 
 @pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float16])
@@ -183,13 +200,13 @@ def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> N
     before = key_cache.clone()
 
     def call(weights: list[torch.Tensor], num_heads: int = model.config.num_heads, norms: tuple = tuple(norms),
-             parts: list[int] | None = None) -> None:
+             parts: list[int] | None = None, stage: int = 0, partial: torch.Tensor | None = None) -> None:
         parts = [1] * len(weights) if parts is None else parts
         cpu_ops.ops().decoder_layer_(
             hidden.clone(), list(norms), 1e-5, weights, [None] * len(parts), [-1] * len(weights), parts, False, cos,
             sin,
             key_cache, attention.attn.value_cache, group.slot_mapping, group.decode_block_tables,
-            group.decode_context_lens, num_heads, 0.25, 0.0, 0, None, [], [], [],
+            group.decode_context_lens, num_heads, 0.25, 0.0, 0, None, [], [], [], stage, partial,
         )
 
     with pytest.raises(RuntimeError, match=r"must each hold qkv, o, gate_up and down \(or qkv and o\)"):
@@ -202,4 +219,8 @@ def test_bad_operands_are_rejected_before_the_cache_changes(tmp_path: Path) -> N
         call(list(weights), num_heads=2)
     with pytest.raises(RuntimeError, match="norms must hold 6 entries"):
         call(list(weights), norms=list(norms[:4]))
+    partial = torch.empty_like(hidden)
+    for stage, linears, out in [(1, 4, None), (0, 4, partial), (2, 2, partial), (3, 4, partial)]:
+        with pytest.raises(RuntimeError, match=f"stage {stage} takes partial only for a rank's part"):
+            call(list(weights[:linears]), stage=stage, partial=out)
     assert torch.equal(key_cache, before)
