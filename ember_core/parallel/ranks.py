@@ -48,7 +48,7 @@ class LeaderRanks:
             if (rank, launched_size) != (0, world_size):
                 raise ValueError(f"torchrun started rank {rank} of {launched_size}; the leader is rank 0 of {world_size}")
         else:
-            address = f"127.0.0.1:{_free_port()}"
+            address = f"127.0.0.1:{free_port()}"
             # The host's cores shared out: ranks that each took them all would take turns on them.
             threads = max(1, torch.get_num_threads() // world_size)
             torch.set_num_threads(threads)
@@ -94,7 +94,7 @@ class LeaderRanks:
         torch.set_num_threads(self.threads_before)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

@@ -195,6 +195,16 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     make_adapters.set_defaults(bench_handler=_make_adapters)
     add_log_level_argument(make_adapters, default=argparse.SUPPRESS)
 
+    tp_sums = commands.add_parser(
+        "tp-sums", help="one sum across N tensor-parallel ranks on this host: shared memory against gloo"
+    )
+    tp_sums.add_argument("--tensor-parallel-size", type=int, default=2, metavar="N")
+    tp_sums.add_argument("--rows", default="1,16", metavar="R1,R2,...", help="tokens of the step summed")
+    tp_sums.add_argument("--hidden", type=int, default=896, help="the model's hidden size (Qwen2.5-0.5B's)")
+    tp_sums.add_argument("--repeats", type=int, default=2000, help="sums timed per shape (the median)")
+    tp_sums.set_defaults(bench_handler=_tp_sums)
+    add_log_level_argument(tp_sums, default=argparse.SUPPRESS)
+
     families = commands.add_parser(
         "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
     )
@@ -427,6 +437,17 @@ def _make_model(args: argparse.Namespace) -> int:
     print(f"wrote {model_dir}")
     for file_type in args.gguf:
         print(f"wrote {export_gguf(model_dir, model_dir / f'model-{file_type}.gguf', file_type)}")
+    return 0
+
+
+def _tp_sums(args: argparse.Namespace) -> int:
+    from ember_bench.parallel_sums import measure_sums, sums_table
+
+    rows = _ints(args.rows, "--rows")
+    if args.tensor_parallel_size < 2 or min([args.hidden, args.repeats, *rows]) < 1:
+        raise ValueError("--tensor-parallel-size must be at least 2; --rows, --hidden and --repeats at least 1")
+    shapes = [(count, args.hidden) for count in rows]
+    print(sums_table(measure_sums(args.tensor_parallel_size, shapes, args.repeats)))
     return 0
 
 
