@@ -195,15 +195,19 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     make_adapters.set_defaults(bench_handler=_make_adapters)
     add_log_level_argument(make_adapters, default=argparse.SUPPRESS)
 
-    tp_sums = commands.add_parser(
-        "tp-sums", help="one sum across N tensor-parallel ranks on this host: shared memory against gloo"
+    tp_costs = commands.add_parser(
+        "tp-costs", help="tensor parallelism's costs on this host: one sum across N ranks (shared memory and "
+                         "gloo), and with --model the step's linears on one thread, which N ranks share out"
     )
-    tp_sums.add_argument("--tensor-parallel-size", type=int, default=2, metavar="N")
-    tp_sums.add_argument("--rows", default="1,16", metavar="R1,R2,...", help="tokens of the step summed")
-    tp_sums.add_argument("--hidden", type=int, default=896, help="the model's hidden size (Qwen2.5-0.5B's)")
-    tp_sums.add_argument("--repeats", type=int, default=2000, help="sums timed per shape (the median)")
-    tp_sums.set_defaults(bench_handler=_tp_sums)
-    add_log_level_argument(tp_sums, default=argparse.SUPPRESS)
+    tp_costs.add_argument("--tensor-parallel-size", type=int, default=2, metavar="N")
+    tp_costs.add_argument("--rows", default="1,16", metavar="R1,R2,...", help="tokens of the step")
+    tp_costs.add_argument("--hidden", type=int, default=896, help="the sums' width (Qwen2.5-0.5B's hidden size)")
+    tp_costs.add_argument("--repeats", type=int, default=2000, help="sums timed per shape (the median)")
+    tp_costs.add_argument("--model", help="also time this model's linears per decode step, one thread")
+    tp_costs.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    tp_costs.add_argument("--numerics", choices=["exact", "fast"], default="exact")
+    tp_costs.set_defaults(bench_handler=_tp_costs)
+    add_log_level_argument(tp_costs, default=argparse.SUPPRESS)
 
     families = commands.add_parser(
         "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
@@ -440,14 +444,19 @@ def _make_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tp_sums(args: argparse.Namespace) -> int:
+def _tp_costs(args: argparse.Namespace) -> int:
+    from ember_bench.linear_share import time_linears
     from ember_bench.parallel_sums import measure_sums, sums_table
 
     rows = _ints(args.rows, "--rows")
     if args.tensor_parallel_size < 2 or min([args.hidden, args.repeats, *rows]) < 1:
         raise ValueError("--tensor-parallel-size must be at least 2; --rows, --hidden and --repeats at least 1")
-    shapes = [(count, args.hidden) for count in rows]
-    print(sums_table(measure_sums(args.tensor_parallel_size, shapes, args.repeats)))
+    print(sums_table(measure_sums(args.tensor_parallel_size, [(count, args.hidden) for count in rows], args.repeats)))
+    if args.model:
+        share = 1 - 1 / args.tensor_parallel_size
+        print(f"\n{'rows':>5} {'linears':>8} {'ms a step':>10} {'ideal saving at N':>18}")
+        for timing in time_linears(args.model, args.dtype, args.numerics, rows, repeats=20):
+            print(f"{timing.rows:>5} {timing.linears:>8} {timing.total_ms:>10.2f} {timing.total_ms * share:>15.2f} ms")
     return 0
 
 
