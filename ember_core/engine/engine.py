@@ -53,6 +53,8 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         device = resolve_device(config.device)
+        if config.tensor_parallel_size > 1 and device.type != "cpu":
+            raise ValueError(f"tensor parallelism runs CPU ranks so far (gloo and shared memory), not {device.type}: use --device cpu")
         # Tensor parallelism: this engine is rank 0, and its followers run each step with it.
         self.ranks = None if config.tensor_parallel_size == 1 else LeaderRanks(config)
         parallel = None if self.ranks is None else self.ranks.parallel

@@ -1,6 +1,7 @@
 """A two-rank engine (`ember serve --tensor-parallel-size 2`) behind the gateway answers a real
-OpenAI client with the offline engine's tokens; when its follower rank is killed mid-stream, the
-engine goes down at once, restarts under `ember serve`, and the stream ends with the same text."""
+OpenAI client with the offline engine's tokens; when its follower rank is killed with four streams
+in flight, the engine goes down at once, restarts under `ember serve`, and every stream ends with
+the same text."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ember_bench.random_models import random_checkpoint
 from ember_core import LLM, SamplingParams
 from tests.processes import STARTUP_TIMEOUT_S, child_pids, free_port, spawned, stop_process, wait_until
 
-PROMPT = "Split across two ranks"
+PROMPTS = ["Split across two ranks", "One model, two processes", "A rank goes down", "The stream goes on"]
 
 
 def _follower_pids(engine_pid: int) -> list[int]:
@@ -24,25 +25,25 @@ def _follower_pids(engine_pid: int) -> list[int]:
 
 def test_a_two_rank_engine_serves_and_survives_a_lost_rank(tmp_path: Path) -> None:
     model_dir = random_checkpoint("qwen2", tmp_path / "model")
-    request = {"prompt": PROMPT, "max_tokens": 100, "temperature": 0}
+    request = {"max_tokens": 100, "temperature": 0, "extra_body": {"ignore_eos": True}}
     with LLM(str(model_dir), dtype="float32", num_blocks=64, tensor_parallel_size=2) as llm:
         params = SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
-        expected = llm.generate([PROMPT], params)[0].outputs[0].text
+        expected = [output.outputs[0].text for output in llm.generate(PROMPTS, params)]
     port, log = free_port(), tmp_path / "serve.log"
     argv = ["-m", "ember_cli", "serve", "--model", str(model_dir), "--model-name", "tp", "--port", str(port),
             "--dtype", "float32", "--num-blocks", "64", "--tensor-parallel-size", "2", "--engine-resume-wait", "120"]  # fmt: skip
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-        answer = client.completions.create(model="tp", **request, extra_body={"ignore_eos": True})
-        assert answer.choices[0].text == expected
+        answer = client.completions.create(model="tp", prompt=PROMPTS[0], **request)
+        assert answer.choices[0].text == expected[0]
         engine = child_pids(process.pid, "ember_engine")[0]
         (follower,) = _follower_pids(engine)
-        stream = client.completions.create(model="tp", **request, stream=True, extra_body={"ignore_eos": True})
-        text = next(iter(stream)).choices[0].text
+        streams = [client.completions.create(model="tp", prompt=prompt, **request, stream=True) for prompt in PROMPTS]
+        texts = [next(iter(stream)).choices[0].text for stream in streams]  # all four in flight
         os.kill(follower, signal.SIGKILL)
-        text += "".join(chunk.choices[0].text for chunk in stream)
-        assert text == expected
+        texts = [text + "".join(chunk.choices[0].text for chunk in stream) for text, stream in zip(texts, streams)]
+        assert texts == expected
         assert "tensor-parallel rank" in log.read_text()
         wait_until(lambda: engine not in child_pids(process.pid, "ember_engine"), 30, "the old engine's exit")
         chat = client.chat.completions.create(model="tp", messages=[{"role": "user", "content": "hi"}], max_tokens=4)

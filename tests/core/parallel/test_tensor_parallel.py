@@ -1,8 +1,8 @@
-"""A model split over two tensor-parallel ranks (the engine and a follower process it starts, over
-gloo) generates transformers' float32 greedy tokens in every decoder family that splits, dense and
-mixtures of experts, alone and in a batch, with the follower holding about half the weights; a
-family or size that does not split is refused in one line; a follower that dies takes the
-engine's next step down with RankLost, not a hang."""
+"""A model split over two tensor-parallel ranks (the engine and a follower process it starts)
+generates transformers' float32 greedy tokens in every family, GPT-2 and the mixtures of experts
+included, alone and in a batch, and over four ranks where the heads allow, with the follower
+holding about half the weights; a size that does not split, LoRA, or a GPU is refused in one
+line; a follower that dies takes the engine's next step down with RankLost, not a hang."""
 
 from __future__ import annotations
 
@@ -100,6 +100,13 @@ def test_what_does_not_split_is_refused_in_one_line(tmp_path: Path) -> None:
         LLM(str(tmp_path / "llama"), dtype="float32", num_blocks=16, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="LoRA adapters are not split"):
         LLM(str(tmp_path / "llama"), tensor_parallel_size=2, enable_lora=True)
+
+
+
+def test_ranks_on_a_gpu_are_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before anything touches the GPU
+    with pytest.raises(ValueError, match="tensor parallelism runs CPU ranks so far .* not cuda"):
+        LLM(str(tmp_path), tensor_parallel_size=2, device="cuda")
 
 
 def test_a_follower_that_dies_fails_the_next_step(tmp_path: Path) -> None:
