@@ -41,7 +41,7 @@ class EngineConfig:
     admission: Admission = "preempt"
     batching: Batching = "continuous"
     device: str | None = None
-    dtype: str | None = None
+    dtype: str | None = None  # None / "auto": ember_core/auto_dtype.py's table on a CPU, bfloat16 on a GPU
     # "blocks": a float32 CPU model keeps a GGUF file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q2_K to
     # Q6_K / IQ4_NL / IQ4_XS blocks and the 16-bit rows of bfloat16 / float16 weights (any checkpoint) as
     # stored: the same outputs, 2-7x less memory traffic. "dequantized" expands them at load.

@@ -67,16 +67,6 @@ def available_memory(
     return min(available, int(limit) - int(anonymous.group(1)))
 
 
-def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """bf16 matmuls beat float32 only with native bf16 dot products (AVX512-BF16 or AMX); emulated
-    bf16 on AVX2 is slower than float32."""
-    try:
-        flags = cpuinfo.read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
-
-
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -85,7 +75,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if device.type == "mps":
             return torch.float16
-        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+        raise ValueError("dtype auto on a CPU follows the model's numerics and weights: ember_core.auto_dtype decides it")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]

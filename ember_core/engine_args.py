@@ -43,7 +43,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admission", choices=["preempt", "reserve"], default=env_default("admission", defaults.admission))
     parser.add_argument("--batching", choices=["continuous", "static"], default=env_default("batching", defaults.batching))
     parser.add_argument("--device", default=env_default("device", None), help="cuda, mps or cpu (default: detected)")
-    parser.add_argument("--dtype", default=env_default("dtype", None), help="float32, bfloat16, float16 or auto")
+    parser.add_argument("--dtype", default=env_default("dtype", None), help="float32, bfloat16, float16 or auto (on a CPU: by its kernels' build and the numerics, a fixed table)")
     parser.add_argument("--gguf-weights", choices=["blocks", "dequantized"], default=env_default("gguf_weights", defaults.gguf_weights),
                         help="float32 on CPU: keep GGUF Q4_0-Q8_0/Q2_K-Q6_K blocks and 16-bit weights as stored (default; same outputs) or expand them at load")
     parser.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=env_default("kv_cache_dtype", defaults.kv_cache_dtype),

@@ -14,30 +14,23 @@ error) and `exact` for float checkpoints.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
 from ember_core.config import Numerics
 from ember_core.kernels import cpu_ops
 
-if TYPE_CHECKING:
-    from ember_core.loaders.materialize import DtypeChoice
-
 ResolvedNumerics = Literal["exact", "fast"]
 INT8_DTYPES = (torch.float32, torch.bfloat16)  # the activations int8_linear quantizes
 
 
-def numerics_dtype(numerics: ResolvedNumerics, dtype: DtypeChoice) -> DtypeChoice:
-    """The dtype a model loads in: fast with no dtype asked for runs float32 (its linears cost the
-    same in either dtype, and float32 keeps the activations' error that of their int8 rounding alone)."""
-    return torch.float32 if numerics == "fast" and not isinstance(dtype, torch.dtype) else dtype
-
-
-def resolve_numerics(requested: Numerics, quantized_weights: bool, device: torch.device, dtype: DtypeChoice) -> ResolvedNumerics:
+def resolve_numerics(
+    requested: Numerics, quantized_weights: bool, device: torch.device, dtype: torch.dtype | Literal["auto"]
+) -> ResolvedNumerics:
     """What `requested` means for a model whose file holds quantized weights (or not), on device in
-    dtype (a dtype, or the probe that picks one: fast then runs float32); ValueError where fast
-    cannot run."""
+    dtype (a dtype, or "auto": ember_core/auto_dtype.py's table, which gives fast float32);
+    ValueError where fast cannot run."""
     problem = None
     if device.type != "cpu":
         problem = f"not on {device.type}"

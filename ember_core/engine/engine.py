@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ember_core.auto_dtype import requested_dtype
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import EngineConfig, lora_module
 from ember_core.device import resolve_device
@@ -33,7 +34,6 @@ from ember_core.lora.weights import AdapterWeights
 from ember_core.parallel.follower import RankSetup
 from ember_core.parallel.ranks import LeaderRanks
 from ember_core.runner.context_cost import context_cost_per_position
-from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
@@ -60,7 +60,7 @@ class Engine:
         parallel = None if self.ranks is None else self.ranks.parallel
         try:
             self.loaded = loaded or load_model(
-                config.model, device, dtype_for_model(config.dtype, device), compact_weights=config.gguf_weights == "blocks",
+                config.model, device, requested_dtype(config.dtype, device), compact_weights=config.gguf_weights == "blocks",
                 numerics=config.numerics, parallel=parallel,
             )
             model, dtype = self.loaded.model, self.loaded.dtype
@@ -81,6 +81,11 @@ class Engine:
             "KV cache: %d blocks x %d tokens in %d group(s) of %d layers (%.1f MiB, %s): one sequence may hold %d tokens",
             num_blocks, config.block_size, len(layout.group_windows), layout.layers_per_group,
             num_blocks * bytes_per_block / 2**20, kv_dtype, cache_tokens,
+        )
+        logger.info(
+            "serving %s: dtype %s, numerics %s, KV cache %s, CPU build %s (what its bits depend on besides the requests)",
+            self.loaded.name, str(dtype).removeprefix("torch."), self.loaded.numerics, self.kv_cache_dtype,
+            self.loaded.cpu_build or device.type,
         )
         self.max_model_len = max_model_len(self.loaded.max_model_len, config.max_model_len, cache_tokens)
         if config.max_num_seqs > config.max_num_batched_tokens:

@@ -46,6 +46,7 @@ _SOURCES = [
 ]
 _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")
 ISA_ENVIRONMENT_VARIABLE = "EMBER_CPU_ISA"
+NO_KERNELS = "torch"  # build_in_use() where the extension is unavailable: torch's own ops run
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class InstructionSet:
         return f"ember_{self.name}"
 
     def missing_cpu_flags(self) -> list[str]:
-        return [flag for flag in self.cpu_flags if flag not in _cpu_flags()]
+        return [flag for flag in self.cpu_flags if flag not in cpu_flags()]
 
 
 # x86-64-v3 and -v4 as GCC and Clang define them; `abm` is how Linux names LZCNT.
@@ -95,7 +96,8 @@ class KernelUnavailableError(RuntimeError):
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo lists for this CPU (none where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             line = next((line for line in cpuinfo if line.startswith("flags")), "")
@@ -224,6 +226,12 @@ def is_available() -> bool:
     """Build the active instruction set's extension on first call; True when its ops can be used in
     this process. An EMBER_CPU_ISA this CPU cannot run is a ValueError, not a quiet fallback."""
     return _load(active_instruction_set()) is None
+
+
+def build_in_use() -> str:
+    """The name of the build the ops run (an instruction set's), or NO_KERNELS where it cannot be
+    built: what a CPU model's bits depend on besides its settings."""
+    return active_instruction_set().name if is_available() else NO_KERNELS
 
 
 def unavailable_reason() -> str | None:

@@ -12,15 +12,16 @@ import torch
 from gguf.gguf_reader import ReaderTensor
 from torch import nn
 
+from ember_core.auto_dtype import DtypeChoice, resolved_dtype
 from ember_core.config import Numerics
 from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_config import decoder_config_from_gguf
 from ember_core.loaders.gguf_tensors import iter_gguf_weights
-from ember_core.loaders.materialize import DtypeChoice, chosen_dtype, materialize
+from ember_core.loaders.materialize import materialize
 from ember_core.models.decoder import Decoder
-from ember_core.numerics import ResolvedNumerics, numerics_dtype, resolve_numerics
+from ember_core.numerics import ResolvedNumerics, resolve_numerics
 from ember_core.parallel.group import TensorParallel
 from ember_core.parallel.shards import DecoderShards
 from ember_core.tokenizer import Tokenizer, tokenizer_from_gguf
@@ -62,11 +63,9 @@ def load_gguf(
     take = None if parallel is None else DecoderShards(config, parallel).take
     tokenizer = tokenizer_from_gguf(reader)
     keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
-    numerics = resolve_numerics(numerics, keeps_blocks and _holds_quantized_weights(reader.tensors), device, dtype)
-    dtype = chosen_dtype(
-        numerics_dtype(numerics, dtype),
-        lambda: _with_first_layer_blocks(Decoder(config, parallel), reader.tensors, keeps_blocks),
-    )
+    runs_blocks = keeps_blocks and _holds_quantized_weights(reader.tensors)
+    numerics = resolve_numerics(numerics, runs_blocks, device, dtype)
+    dtype = resolved_dtype(dtype, numerics, "gguf-blocks" if runs_blocks else "dense")
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
     weights = iter_gguf_weights(reader.tensors, config, dtype, take)
     model = materialize(lambda: Decoder(config, parallel), weights, device, dtype, norm_offset=0.0)
@@ -80,10 +79,3 @@ def _holds_quantized_weights(tensors: list[ReaderTensor]) -> bool:
     """Whether a weight matrix of the file is in a block format the kernels read (not 16-bit rows)."""
     return any(t.tensor_type in GGUF_BLOCK_FORMATS and t.tensor_type not in SIXTEEN_BIT_KINDS.values() for t in tensors)
 
-
-def _with_first_layer_blocks(model: Decoder, tensors: list[ReaderTensor], keeps_blocks: bool) -> Decoder:
-    """The model (built without weights) with its first layer's linears on the file's blocks, where
-    the loaded model will run them so: what the dtype probe times."""
-    if keeps_blocks:
-        keep_gguf_blocks(model, tensors, only_layer=0)
-    return model

@@ -4,7 +4,7 @@ chosen for it (HF and GGUF loaders alike)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -27,18 +27,6 @@ def _without_weight_init() -> Iterator[None]:
     finally:
         for name, init in originals.items():
             setattr(nn.init, name, init)
-
-
-DtypeChoice = torch.dtype | Callable[[nn.Module], torch.dtype]
-
-
-def chosen_dtype(dtype: DtypeChoice, build: Any) -> torch.dtype:
-    """`dtype`, or what it picks for the model `build` makes, built without weights (meta device)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    with torch.device("meta"), _without_weight_init():
-        model = build()
-    return dtype(model)
 
 
 def materialize(

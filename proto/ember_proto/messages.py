@@ -153,6 +153,9 @@ class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     # size; empty / 0: the engine did not say.
     kv_cache_dtype: str = ""
     kv_cache_bytes: int = 0
+    # The CPU kernels' build ("avx2", "avx512", "avx512bf16", "amx"; "torch" without them): bfloat16
+    # bits differ between builds. Empty: not a CPU, or the engine did not say.
+    cpu_build: str = ""
 
 
 class Ready(_Message):

@@ -418,6 +418,10 @@ def _offline(args: argparse.Namespace) -> int:
 
             plot_offline(runs, args.plot, f"ember bench offline: {args.model}")
     print(offline_table(runs))
+    if "dtype" in _names(args.compare):
+        from ember_bench.dtype_rows import dtype_verdicts
+
+        print("\n".join(["", *dtype_verdicts(runs)]))
     return 0
 
 
@@ -587,8 +591,8 @@ def _families(args: argparse.Namespace) -> int:
     from ember_bench.family_steps import SHAPE, run_families
     from ember_bench.offline import environment
     from ember_bench.report import write_json
+    from ember_core.auto_dtype import requested_dtype
     from ember_core.device import resolve_device
-    from ember_core.runner.dtype_probe import dtype_for_model
 
     device = resolve_device("cpu")
     names = _names(args.families)
@@ -596,7 +600,7 @@ def _families(args: argparse.Namespace) -> int:
           f"shape {SHAPE}", file=sys.stderr)
     print("| family | step ms (median of rounds) | x first | rounds ms |\n|---|---|---|---|", file=sys.stderr)
     steps = []
-    for step in run_families(names, args.type, dtype_for_model(args.dtype, device), args.dtype, args.batch,
+    for step in run_families(names, args.type, requested_dtype(args.dtype, device), args.dtype, args.batch,
                              args.prompt_len, args.steps, args.rounds, device):
         steps.append(step)
         rounds = ", ".join(f"{ms:.1f}" for ms in step.rounds_ms)
@@ -614,8 +618,8 @@ def _moe(args: argparse.Namespace) -> int:
     from ember_bench.moe_steps import DENSE_PRESET, MOE_PRESET, run_moe_steps
     from ember_bench.offline import environment
     from ember_bench.report import write_json
+    from ember_core.auto_dtype import requested_dtype
     from ember_core.device import resolve_device
-    from ember_core.runner.dtype_probe import dtype_for_model
 
     device = resolve_device("cpu")
     print(f"{MOE_PRESET} against {DENSE_PRESET}: decode steps after {args.prompt_len}-token prompts, {args.type} GGUF, "
@@ -623,7 +627,7 @@ def _moe(args: argparse.Namespace) -> int:
     print("| batch | MoE step ms | dense step ms | x dense | experts a layer ran | experts' MB read a step | "
           "all experts' MB | per-token MB |\n|---|---|---|---|---|---|---|---|")
     steps = []
-    for step in run_moe_steps(args.type, dtype_for_model(args.dtype, device), args.dtype, _ints(args.batches, "--batches"),
+    for step in run_moe_steps(args.type, requested_dtype(args.dtype, device), args.dtype, _ints(args.batches, "--batches"),
                               args.prompt_len, args.steps, args.rounds, device):
         steps.append(step)
         print(f"| {step.batch} | {step.moe_ms:.1f} | {step.dense_ms:.1f} | {step.ratio:.2f} | {step.experts_per_layer:.1f} | "

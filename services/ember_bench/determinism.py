@@ -59,10 +59,12 @@ class DeterminismReport:
     outcomes: list[RequestOutcome]
     output_tokens: int
     seconds: float
+    # Each engine's dtype, numerics, KV cache dtype and CPU build, as it resolved them at start
+    engine_settings: list[str]
 
     @property
     def deterministic(self) -> bool:
-        return all(outcome.distinct_outputs == 1 for outcome in self.outcomes)
+        return all(outcome.distinct_outputs == 1 for outcome in self.outcomes) and len(set(self.engine_settings)) == 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -122,7 +124,12 @@ def run_determinism(config: DeterminismConfig) -> DeterminismReport:
                 runs[request.name] += 1
                 output_tokens += len(result.token_ids)
     outcomes = [RequestOutcome(request.name, runs[request.name], len(outputs[request.name])) for request in requests]
-    return DeterminismReport(outcomes, output_tokens, seconds)
+    return DeterminismReport(outcomes, output_tokens, seconds, [_settings(llm) for llm in engines])
+
+
+def _settings(llm: LLM) -> str:
+    loaded = llm.engine.loaded
+    return f"{str(loaded.dtype).removeprefix('torch.')}, {loaded.numerics}, KV {llm.engine.kv_cache_dtype}, {loaded.cpu_build}"
 
 
 def _fingerprint(token_ids: Sequence[int], logprobs: Sequence) -> tuple:
@@ -132,7 +139,10 @@ def _fingerprint(token_ids: Sequence[int], logprobs: Sequence) -> tuple:
 def determinism_table(report: DeterminismReport) -> str:
     rows = [f"| {outcome.name} | {outcome.runs} | {outcome.distinct_outputs} |" for outcome in report.outcomes]
     verdict = "every request gave one output" if report.deterministic else "SOME REQUESTS GAVE SEVERAL OUTPUTS"
+    if len(set(report.engine_settings)) > 1:
+        verdict += f"; THE ENGINES RESOLVED DIFFERENT SETTINGS: {' / '.join(report.engine_settings)}"
     return "\n".join([
         "| request | runs | distinct outputs (tokens + logprobs, bitwise) |", "|---|---|---|", *rows, "",
+        f"engines: {' / '.join(dict.fromkeys(report.engine_settings))}",
         f"{verdict}; {report.output_tokens} output tokens in {report.seconds:.1f} s: {report.tokens_per_s:.1f} tok/s",
     ])

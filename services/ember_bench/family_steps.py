@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from ember_core.auto_dtype import DtypeChoice
 from ember_core.config import EngineConfig
 from ember_core.engine.engine import Engine
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.loaders.materialize import DtypeChoice
 from ember_core.sampling_params import SamplingParams
 
 # One shape for all: Qwen2.5-0.5B's layer (hidden 896, 14 query and 2 KV heads of 64, MLP 4864) with

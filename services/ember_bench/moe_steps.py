@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from ember_bench.family_steps import decode_step_seconds
+from ember_core.auto_dtype import DtypeChoice
 from ember_core.layers.moe import Experts
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.loaders.materialize import DtypeChoice
 
 MOE_PRESET, DENSE_PRESET = "qwen3-moe-bench", "qwen3-dense-bench"
 

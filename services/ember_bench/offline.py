@@ -16,11 +16,11 @@ import torch
 
 from ember_bench.offline_runs import EngineSetting, OfflineRun, offline_run
 from ember_bench.workload import BenchRequest, RandomPrompts, take
+from ember_core.auto_dtype import requested_dtype
 from ember_core.config import EngineConfig
 from ember_core.device import resolve_device
 from ember_core.engine.engine import Engine
 from ember_core.loaders import LoadedModel, load_model
-from ember_core.runner.dtype_probe import dtype_for_model
 from ember_core.sampling_params import SamplingParams
 from ember_core.tokenizer import Tokenizer
 from ember_proto import StructuredOutputs
@@ -62,7 +62,7 @@ def run_offline(config: OfflineConfig, source: list[BenchRequest] | RandomPrompt
     def loaded(setting: EngineSetting) -> LoadedModel:
         key = (setting.dtype, setting.gguf_weights, setting.numerics)
         if key not in loaded_models:
-            dtype = dtype_for_model(setting.dtype, device)
+            dtype = requested_dtype(setting.dtype, device)
             loaded_models[key] = load_model(
                 config.model, device, dtype, compact_weights=setting.gguf_weights == "blocks", numerics=setting.numerics
             )

@@ -127,6 +127,7 @@ class EngineWorker:
                 numerics=engine.loaded.numerics,
                 kv_cache_dtype=engine.kv_cache_dtype,
                 kv_cache_bytes=engine.kv_cache_bytes,
+                cpu_build=engine.loaded.cpu_build,
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from ember_bench.offline_runs import EngineSetting, OfflineRun, settings_to_compare
 from ember_bench.report import median_runs
@@ -126,3 +127,22 @@ def test_structured_outputs_axis_constrains_every_request_and_keeps_their_length
         "ember continuous/preempt/float32", "ember continuous/preempt/float32/json-schema",
     ]
     assert [run["output_tokens"] for run in runs] == [3 * 4, 3 * 4]  # the constraint runs to max_tokens
+
+
+@pytest.mark.parametrize("bfloat16_tok_s", [100.0, 119.0, 121.0, 200.0])
+def test_a_dtype_comparison_is_set_beside_the_auto_tables_pick(bfloat16_tok_s: float) -> None:
+    """A ratio on the far side of the gain a row needs (1.2x) from what the table picks on this
+    machine is flagged; on the same side it is not."""
+    from ember_bench.dtype_rows import dtype_verdicts
+    from ember_core.auto_dtype import auto_dtype_row, this_cpu
+
+    def run(dtype: str, tok_s: float) -> OfflineRun:
+        latency = Distribution.of([1.0], 1e3)
+        assert latency is not None
+        return OfflineRun("ember", EngineSetting(dtype=dtype), 16, 1, int(tok_s), 1.0, tok_s, 1.0, latency, 0)
+
+    picks_bfloat16 = auto_dtype_row(this_cpu("exact", "gguf-blocks")).dtype is torch.bfloat16
+    (line,) = dtype_verdicts([run("float32", 100.0), run("bfloat16", bfloat16_tok_s)])
+    assert line.startswith(f"dtype auto: bfloat16 / float32 = {bfloat16_tok_s / 100:.2f}x at 16 sequences (exact numerics")
+    assert f"the table picks {'bfloat16' if picks_bfloat16 else 'float32'}" in line
+    assert ("DISAGREES" in line) == ((bfloat16_tok_s >= 120.0) != picks_bfloat16)

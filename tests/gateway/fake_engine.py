@@ -78,6 +78,7 @@ class FakeEngine:
     tokenizer_spec: TokenizerSpec | None = field(default_factory=byte_tokenizer_spec)
     max_model_len: int = 64
     vocab_size: int = 300
+    dtype: str = "bfloat16"  # what its card says it computes in
     step_interval: float = 0.002
     heartbeat_interval: float = 0.2
     protocol_version: int = PROTOCOL_VERSION
@@ -140,7 +141,7 @@ class FakeEngine:
     def card(self) -> ModelCard:
         spec = b"" if self.tokenizer_spec is None else msgspec.msgpack.encode(self.tokenizer_spec)
         return ModelCard("fake-model", self.max_model_len, self.vocab_size, list(MODEL_STOP_TOKEN_IDS), spec, 1700000000,
-                         dtype="bfloat16", numerics="fast")
+                         dtype=self.dtype, numerics="fast", cpu_build="avx512bf16")
 
     async def _run(self) -> None:
         assert self._socket is not None

@@ -17,6 +17,7 @@ import aiohttp
 import openai
 import pytest
 
+from ember_core.kernels import cpu_ops
 from tests.gateway.api.test_validation import assert_openai_error
 from tests.gateway.conftest import parse_sse
 from tests.gateway.tiny_tokenizer import write_model_with_tokenizer
@@ -139,11 +140,13 @@ async def test_health_models_and_metrics_routes(url: str, engine_address: str):
         assert [entry["id"] for entry in models["data"]] == [MODEL]
         assert models["data"][0]["max_model_len"] == 256
         # a float checkpoint runs the exact numerics unless asked otherwise
-        assert (models["data"][0]["dtype"], models["data"][0]["numerics"]) == ("float32", "exact")
+        entry = models["data"][0]
+        assert (entry["dtype"], entry["numerics"], entry["kv_cache_dtype"]) == ("float32", "exact", "float32")
+        assert entry["cpu_build"] == cpu_ops.build_in_use()  # what its bits depend on, besides the request
         async with session.get(f"{url}/metrics") as response:
             assert response.status == 200 and "ember_kv_cache_usage_perc" in await response.text()
         info = (
-            f'ember_model_info{{dtype="float32",engine="{engine_address}",kv_cache_dtype="float32",'
+            f'ember_model_info{{cpu_build="{cpu_ops.build_in_use()}",dtype="float32",engine="{engine_address}",kv_cache_dtype="float32",'
             f'model_name="{MODEL}",numerics="exact"}} 1.0'
         )
         for _ in range(100):  # the engine's first stats (a few per second) bring its gauges

@@ -262,7 +262,7 @@ async def test_models_health_and_served_name(fake_engine: FakeEngine, start_gate
     async with gateway.http.get("/v1/models") as response:
         models = await response.json()
     entry = {"id": "served/name", "object": "model", "created": 1700000000, "owned_by": "ember", "max_model_len": 64,
-             "dtype": "bfloat16", "numerics": "fast", "parent": None}
+             "dtype": "bfloat16", "numerics": "fast", "kv_cache_dtype": None, "cpu_build": "avx512bf16", "parent": None}
     assert models == {"object": "list", "data": [entry]}
     async with gateway.http.get("/v1/models/served/name") as response:
         assert response.status == 200
@@ -304,7 +304,10 @@ async def test_metrics(gateway: Gateway):
         f"ember_kv_cache_usage_perc{{{engine_label}}} ",
         'ember_routing_decisions_total{reason="prefix"} 0.0',
         "ember_request_migrations_total 0.0",
-        f'ember_model_info{{dtype="bfloat16",engine="{gateway.client.address}",kv_cache_dtype="",{label},numerics="fast"}} 1.0',
+        (
+            f'ember_model_info{{cpu_build="avx512bf16",dtype="bfloat16",engine="{gateway.client.address}",'
+            f'kv_cache_dtype="",{label},numerics="fast"}} 1.0'
+        ),
     ):
         assert line in text, line
 

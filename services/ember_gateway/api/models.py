@@ -19,6 +19,8 @@ def _model_entry(model: ServedModel) -> Model:
         max_model_len=model.card.max_model_len,
         dtype=model.card.dtype or None,
         numerics=model.card.numerics or None,
+        kv_cache_dtype=model.card.kv_cache_dtype or None,
+        cpu_build=model.card.cpu_build or None,
         parent=model.parent,
     )
 

@@ -181,9 +181,12 @@ class Model(Shape):
     created: int
     owned_by: str
     max_model_len: int
-    # ember's: the activations' dtype and the numerics (exact or fast) the serving engine runs
+    # ember's: what the serving engine's bits depend on besides the request: the activations' dtype,
+    # the numerics (exact or fast), the KV cache's dtype and the CPU kernels' build
     dtype: str | None = None
     numerics: str | None = None
+    kv_cache_dtype: str | None = None
+    cpu_build: str | None = None
     parent: str | None = None  # a LoRA adapter's base model (vLLM's)
 
 

@@ -50,7 +50,7 @@ class Parking:
             fail(lot.requests, "the engine became unavailable (it stopped answering)")
             return
         if not lot.lost.same_model(new):
-            fail(lot.requests, "the engine became unavailable (it restarted with another model)")
+            fail(lot.requests, "the engine became unavailable (it restarted with another model or other settings)")
             return
         refused = client.adopt(lot.requests)
         resumed = len(lot.requests) - len(refused)

@@ -159,6 +159,7 @@ class EnginePool:
         self._parking.fail(None, f"the engine became unavailable ({reason})")
 
     def engine_ready(self, client: EngineClient) -> None:
+        self._warn_of_settings_apart(client)
         if not self.loaded_adapters.missing_on(client):
             self._parking.resume(client)
             return
@@ -169,6 +170,18 @@ class EnginePool:
     async def _restore_adapters(self, client: EngineClient) -> None:
         await self.loaded_adapters.restore(client)
         self._parking.resume(client)
+
+    def _warn_of_settings_apart(self, client: EngineClient) -> None:
+        """Engines serving one model id with other settings give other bits: routing among them is
+        allowed, moving a request in flight between them is not (same_model)."""
+        assert client.model is not None
+        for other in self.accepting():
+            if other is not client and other.model.name == client.model.name and (apart := client.model.settings_apart(other.model)):
+                logger.warning(
+                    "engines %s and %s serve %s with different settings (%s): the same request may get different "
+                    "tokens from each, and requests in flight never move between them",
+                    client.address, other.address, client.model.name, ", ".join(apart),
+                )
 
     def engine_lost(self, client: EngineClient, reason: str, in_flight: InFlight) -> None:
         left = self._move(client, in_flight)

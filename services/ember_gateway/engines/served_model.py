@@ -14,6 +14,9 @@ from ember_proto import ModelCard
 
 logger = logging.getLogger(__name__)
 
+# The card's settings that, besides the weights, fix an engine's tokens and logprobs (docs/design.md).
+BITS_SETTINGS = ("dtype", "numerics", "kv_cache_dtype", "cpu_build")
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -31,11 +34,18 @@ class ServedModel:
         """The adapter served over this model, named as clients name it."""
         return replace(self, name=adapter, adapter=adapter, parent=self.name)
 
+    def settings_apart(self, other: ServedModel) -> list[str]:
+        """The BITS_SETTINGS in which the two engines differ, as "dtype float32 vs bfloat16"."""
+        mine, theirs = (msgspec.structs.asdict(card) for card in (self.card, other.card))
+        return [f"{name} {mine[name] or '?'} vs {theirs[name] or '?'}" for name in BITS_SETTINGS if mine[name] != theirs[name]]
+
     def same_model(self, other: ServedModel) -> bool:
-        """Whether a request of one can continue on the other: the same weights and tokens."""
-        return (self.card.model_id, self.card.vocab_size, self.card.tokenizer_spec) == (
+        """Whether a request of one can continue on the other: the same weights and tokens, computed
+        with the same settings (else the rest of its text would come from other arithmetic)."""
+        same_weights = (self.card.model_id, self.card.vocab_size, self.card.tokenizer_spec) == (
             other.card.model_id, other.card.vocab_size, other.card.tokenizer_spec
         )
+        return same_weights and not self.settings_apart(other)
 
 
 class TokenizerCache:

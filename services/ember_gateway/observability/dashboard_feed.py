@@ -29,8 +29,11 @@ class EngineView(Shape):
     model: str
     accepting: bool
     num_blocks: int
-    kv_cache_dtype: str  # "" where the engine did not say
+    kv_cache_dtype: str  # "" where the engine did not say, as dtype, numerics and cpu_build
     kv_cache_bytes: int
+    dtype: str
+    numerics: str
+    cpu_build: str
     # Base64 of the engine's BlockMap.holders (proto/README.md): per block, a little-endian unsigned
     # 16-bit value, 0 free, 1 caching a prefix, 2 + i held by running[i]; "" before the first map.
     holders: bytes
@@ -119,6 +122,9 @@ def _engine_view(client: EngineClient) -> EngineView:
         num_blocks=client.stats.num_kv_blocks_total,
         kv_cache_dtype=client.model.card.kv_cache_dtype,
         kv_cache_bytes=client.model.card.kv_cache_bytes,
+        dtype=client.model.card.dtype,
+        numerics=client.model.card.numerics,
+        cpu_build=client.model.card.cpu_build,
         holders=b"" if block_map is None else block_map.holders,
         running=[] if block_map is None else block_map.running,
         waiting=[] if block_map is None else block_map.waiting,

@@ -59,8 +59,9 @@ class _PoolCollector(Collector):
         )
         model_info = GaugeMetricFamily(
             "ember_model_info",
-            "1 per engine: the dtype and numerics (exact or fast) its model runs in, and its KV cache's dtype.",
-            labels=[*labels, "dtype", "numerics", "kv_cache_dtype"],
+            "1 per engine: the dtype and numerics (exact or fast) its model runs in, its KV cache's dtype and its "
+            "CPU kernels' build: what its bits depend on besides the requests.",
+            labels=[*labels, "dtype", "numerics", "kv_cache_dtype", "cpu_build"],
         )
         adapters = GaugeMetricFamily(
             "ember_lora_adapter_info",
@@ -76,7 +77,8 @@ class _PoolCollector(Collector):
         }
         for engine in self._pool.snapshots():
             key, stats = [engine.model_name, engine.address], engine.stats
-            model_info.add_metric([*key, engine.card.dtype, engine.card.numerics, engine.card.kv_cache_dtype], 1)
+            card = engine.card
+            model_info.add_metric([*key, card.dtype, card.numerics, card.kv_cache_dtype, card.cpu_build], 1)
             for adapter in engine.adapters:
                 adapters.add_metric([adapter, engine.address, engine.model_name], 1)
             kv_bytes.add_metric(key, engine.card.kv_cache_bytes)

@@ -204,6 +204,25 @@ async def test_a_killed_engine_s_stream_goes_on_from_another_without_an_error(en
     assert "ember_request_migrations_total 1.0" in await front.metrics()
 
 
+async def test_requests_never_move_between_engines_of_different_settings(engines, start_front, caplog):
+    """Two engines of one model, one in float32 and one in bfloat16: both serve, the gateway warns,
+    and a stream on the killed one fails rather than go on in other arithmetic."""
+    first, second = engines
+    second.dtype = "float32"  # its card says so from its first Ready on
+    first.step_interval = 0.05
+    with caplog.at_level("WARNING", logger="ember_gateway.engines.pool"):
+        front = await start_front([first.address, second.address])
+    (warning,) = [record.getMessage() for record in caplog.records if "different settings" in record.getMessage()]
+    assert "serve fake-model with different settings (dtype " in warning and "bfloat16" in warning
+    stream = asyncio.create_task(front.stream(max_tokens=20))
+    await wait_until_async(lambda: first.num_running == 1 and _produced(first) >= 2, 5.0, "tokens from the first engine")
+    await first.stop()
+    events = await stream
+    assert [event for event in events if isinstance(event, dict) and "error" in event]
+    assert not [generate for generate in second.received if generate.output_token_ids]  # nothing continued there
+    assert "ember_request_migrations_total 0.0" in await front.metrics()
+
+
 async def test_a_hung_engine_s_stream_goes_on_from_another_after_the_engine_timeout(engines, start_front):
     first, second = engines
     first.step_interval = 0.05

@@ -154,7 +154,11 @@ function showEngine(engine) {
   view.root.dataset.engineId = engine.engine_id;
   const cache = engine.kv_cache_dtype
     ? ` (${engine.kv_cache_dtype}, ${(engine.kv_cache_bytes / 2 ** 20).toFixed(0)} MiB)` : "";
-  find(".model").textContent = `${engine.model} · ${engine.num_blocks} blocks${cache} · engine ${engine.engine_id.slice(0, 8)}`;
+  // What the engine's bits depend on besides the requests: two engines that differ here answer differently.
+  const bits = [engine.dtype, engine.numerics && `${engine.numerics} numerics`, engine.cpu_build && `${engine.cpu_build} build`]
+    .filter(Boolean).join(", ");
+  find(".model").textContent = `${engine.model}${bits ? ` (${bits})` : ""} · ${engine.num_blocks} blocks${cache} · `
+    + `engine ${engine.engine_id.slice(0, 8)}`;
   find(".state").textContent = engine.accepting ? "" : "· not taking requests";
   find(".num-running").textContent = engine.running.length;
   find(".num-waiting").textContent = engine.waiting.length;
