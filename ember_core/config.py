@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from ember_core.speculative_config import SpeculativeConfig, speculative_config
@@ -84,6 +85,12 @@ class EngineConfig:
     # Adapters loaded at start, "name=path" each (lora/files.py: a PEFT checkpoint or a llama.cpp
     # LoRA GGUF, by path or from the Hub); any turns enable_lora on.
     lora_modules: tuple[str, ...] = ()
+    # Adapters loaded and unloaded while serving, by gateways (POST /v1/load_lora_adapter): refused
+    # unless allow_runtime_lora_updating; a local path must resolve inside one of lora_dir, a Hub id
+    # needs allow_lora_from_hub (lora/sources.py). lora_modules are the operator's and load from anywhere.
+    allow_runtime_lora_updating: bool = False
+    lora_dir: tuple[str, ...] = ()
+    allow_lora_from_hub: bool = False
     # Tensor parallelism (vLLM's --tensor-parallel-size): the model's layers split over this many
     # processes (parallel/), started by the engine on this host, or by torchrun across hosts.
     tensor_parallel_size: int = 1
@@ -91,6 +98,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", speculative_config(self.speculative_config))
         object.__setattr__(self, "lora_modules", tuple(self.lora_modules))
+        object.__setattr__(self, "lora_dir", tuple(self.lora_dir))
+        missing = next((directory for directory in self.lora_dir if not Path(directory).expanduser().is_dir()), None)
+        if missing is not None:
+            raise ValueError(f"lora_dir {missing!r} is not a directory")
         bad = next((module for module in self.lora_modules if not lora_module(module)[0] or not lora_module(module)[1]), None)
         if bad is not None:
             raise ValueError(f"lora_modules takes name=path entries, got {bad!r}")

@@ -8,6 +8,7 @@ import ast
 import inspect
 import itertools
 import os
+import sys
 import textwrap
 import types
 import typing
@@ -37,6 +38,17 @@ def comma_list(value: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
+def boolean(value: str | bool) -> bool:
+    """A switch's environment variable: true / false, 1 / 0, yes / no, on / off."""
+    if isinstance(value, bool):
+        return value
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Flag:
     """A config field's flag. The namespace holds the flag's value as typed on a command line (a list
@@ -53,6 +65,17 @@ class Flag:
     @property
     def option(self) -> str:
         return "--" + self.field.replace("_", "-")
+
+    @property
+    def is_switch(self) -> bool:
+        """A bool field: --FLAG / --no-FLAG on a command line."""
+        return self.parse is boolean
+
+    def argv(self, value: Any) -> list[str]:
+        """The flag with `value` (as the namespace holds it) for a launcher's command line."""
+        if self.is_switch:
+            return [self.option if value else "--no-" + self.option.removeprefix("--")]
+        return [] if value is None else [self.option, str(value)]
 
     @property
     def shown_default(self) -> str:
@@ -95,7 +118,9 @@ def config_flags(
             base, default, value = str, ",".join(default), comma_list
         elif base is str and optional:
             value = _or_none
-        if base not in (int, float, str):
+        elif base is bool:
+            base = boolean
+        if base not in (int, float, str, boolean):
             raise TypeError(f"{cls.__name__}.{spec.name}: no flag for {hint}")
         if spec.name not in docs:
             raise TypeError(f"{cls.__name__}.{spec.name} needs a docstring: its flag's help")
@@ -109,11 +134,26 @@ def config_flags(
 def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
     for flag in flags:
         where = f"default {flag.shown_default}" + (f"; {env_name(flag.field)}" if flag.env else "")
+        if flag.is_switch:
+            parser.add_argument(
+                flag.option, action=argparse.BooleanOptionalAction,
+                default=env_switch(flag.field, flag.default) if flag.env else flag.default, help=f"{flag.help} ({where})".replace("%", "%%"),
+            )
+            continue
         parser.add_argument(
             flag.option, type=flag.parse, choices=flag.choices,
             default=env_default(flag.field, flag.default) if flag.env else flag.default,
             help=f"{flag.help} ({where})".replace("%", "%%"),  # argparse %-formats help
         )
+
+
+def env_switch(field: str, default: bool) -> bool:
+    """A switch's default: its environment variable when set (a bad value is a one-line error, exit 2)."""
+    try:
+        return boolean(env_default(field, default))
+    except argparse.ArgumentTypeError as exc:
+        print(f"ember: error: {env_name(field)} {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def config_kwargs(flags: Sequence[Flag], args: argparse.Namespace) -> dict[str, Any]:

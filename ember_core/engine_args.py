@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from ember_core.config import DECODE_ATTENTION, DEFAULT_MODEL, KV_CACHE_DTYPES, LORA_DTYPES, NUMERICS, EngineConfig
-from ember_core.config_flags import env_default, env_name
+from ember_core.config_flags import env_default, env_name, env_switch
 from ember_core.speculative_config import speculative_config
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(env_name(name))
-    if value is None:
-        return default
-    if value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.strip().lower() in ("0", "false", "no", "off"):
-        return False
-    print(f"ember: error: {env_name(name)} must be true or false, got {value!r}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def _env_list(name: str) -> list[str]:
@@ -72,7 +59,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                              "llama.cpp; float checkpoints are quantized to Q8_0 at load), auto (fast for a quantized "
                              "GGUF file, else exact); either way batch-invariant")
     parser.add_argument("--enable-lora", action=argparse.BooleanOptionalAction,
-                        default=_env_flag("enable_lora", defaults.enable_lora),
+                        default=env_switch("enable_lora", defaults.enable_lora),
                         help="serve LoRA adapters over the model, rows of different adapters in one batch")
     parser.add_argument("--max-loras", type=int, default=env_default("max_loras", defaults.max_loras),
                         help="adapters that run at once, from as many slots (with --enable-lora); more may be loaded, a "
@@ -86,12 +73,23 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adapters to load at start, each served as the model NAME (turns --enable-lora on): a "
                              "PEFT checkpoint's directory or Hub repo id, or a llama.cpp LoRA .gguf (a file, or "
                              "owner/repo/file.gguf on the Hub)")
+    parser.add_argument("--allow-runtime-lora-updating", action=argparse.BooleanOptionalAction,
+                        default=env_switch("allow_runtime_lora_updating", defaults.allow_runtime_lora_updating),
+                        help="let clients load and unload adapters while serving (POST /v1/load_lora_adapter and "
+                             "/v1/unload_lora_adapter; default off: those routes do not exist), from --lora-dir only")
+    parser.add_argument("--lora-dir", nargs="+", action="extend", default=_env_list("lora_dir"), metavar="DIR",
+                        help="a directory runtime adapter loads may read from (repeatable); a lora_path must resolve "
+                             "inside one, symlinks followed")
+    parser.add_argument("--allow-lora-from-hub", action=argparse.BooleanOptionalAction,
+                        default=env_switch("allow_lora_from_hub", defaults.allow_lora_from_hub),
+                        help="let runtime adapter loads name Hugging Face Hub ids (the engine then downloads what a "
+                             "client names); --lora-modules always may")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int,
                         default=env_default("tensor_parallel_size", defaults.tensor_parallel_size),
                         help="split the model's layers over this many processes (gloo on CPU); on one host the engine "
                              "starts them, across hosts torchrun does (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=_env_flag("enable_prefix_caching", defaults.enable_prefix_caching),
+                        default=env_switch("enable_prefix_caching", defaults.enable_prefix_caching),
                         help="reuse the cached K/V of prompt prefixes computed before (default: on)")
 
 

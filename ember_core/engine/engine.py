@@ -28,8 +28,10 @@ from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
 from ember_core.layers.linear import SMALL_BATCH_ROWS
 from ember_core.layers.moe import routed_tokens_by_layer
 from ember_core.loaders import LoadedModel, load_model
+from ember_core.lora.errors import AdapterError
 from ember_core.lora.files import read_adapter
 from ember_core.lora.slots import AdapterSlots
+from ember_core.lora.sources import AdapterSource, is_local_path
 from ember_core.lora.weights import AdapterWeights
 from ember_core.parallel.follower import RankSetup
 from ember_core.parallel.ranks import LeaderRanks
@@ -181,24 +183,25 @@ class Engine:
         self.scheduler.add(seq)
 
     def add_adapter(self, name: str, path: str) -> None:
-        """Load a LoRA adapter under name (lora/files.py: a PEFT checkpoint or a llama.cpp GGUF, by
-        path or from the Hub); ValueError, with nothing loaded, when it cannot serve this model."""
-        self.install_adapter(name, self.read_adapter(path))
+        """Load a LoRA adapter under name, as its operator names it (lora/files.py: a PEFT checkpoint
+        or a llama.cpp GGUF, by path or from the Hub); AdapterError, with nothing loaded, when it
+        cannot serve this model."""
+        self.install_adapter(name, self.read_adapter(AdapterSource(path, from_hub=not is_local_path(path))))
 
-    def read_adapter(self, path: str) -> AdapterWeights:
+    def read_adapter(self, source: AdapterSource) -> AdapterWeights:
         """add_adapter's first half: the file read and checked against the model, nothing loaded (safe
         on another thread)."""
         if self.adapters is None:
-            raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
-        return read_adapter(path, self.adapters.config)
+            raise AdapterError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
+        return read_adapter(source, self.adapters.config)
 
     def install_adapter(self, name: str, adapter: AdapterWeights) -> None:
         """add_adapter's second half, for a checkpoint read already (the engine worker reads it on a
         thread of its own)."""
         if self.adapters is None:
-            raise ValueError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
+            raise AdapterError("LoRA adapters need an engine started with enable_lora (--enable-lora)")
         if name in self.adapters.names:
-            raise ValueError(f"a LoRA adapter named {name!r} is loaded already")
+            raise AdapterError(f"a LoRA adapter named {name!r} is loaded already")
         self.adapters.load(name, adapter)
 
     def remove_adapter(self, name: str) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from ember_core.config import LoRADtype
 from ember_core.engine.sequence import Sequence
 from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
+from ember_core.lora.errors import AdapterError
 from ember_core.lora.weights import AdapterWeights
 from ember_core.models.decoder import Decoder
 from ember_core.models.decoder_config import DecoderConfig
@@ -74,17 +75,17 @@ class AdapterSlots:
         """Keep the adapter, in a free slot if there is one; ValueError, with nothing loaded, when it
         does not fit this model."""
         if adapter.rank > self.max_rank:
-            raise ValueError(f"adapter {name} has rank {adapter.rank}, above --max-lora-rank {self.max_rank}")
+            raise AdapterError(f"adapter {name} has rank {adapter.rank}, above --max-lora-rank {self.max_rank}")
         if _HEAD in adapter.weights and _HEAD not in self.targets:
             self._wrap_head()
         unknown = sorted(set(adapter.weights) - set(self.targets))
         if unknown:
-            raise ValueError(f"adapter {name} targets modules this model has no adaptable linear for: {unknown[:3]}")
+            raise AdapterError(f"adapter {name} targets modules this model has no adaptable linear for: {unknown[:3]}")
         by_linear: dict[LoRALinear, list] = {}
         for module, (a, b) in adapter.weights.items():
             linear, part = self.targets[module]
             if a.shape[1] != linear.in_features or b.shape[0] != linear.parts[part]:
-                raise ValueError(f"adapter {name}: {module} has shapes {tuple(a.shape)}, {tuple(b.shape)}, not this model's")
+                raise AdapterError(f"adapter {name}: {module} has shapes {tuple(a.shape)}, {tuple(b.shape)}, not this model's")
             by_linear.setdefault(linear, [None] * len(linear.parts))[part] = (a, b)
         self._adapters[name] = (adapter, by_linear)
         free = self._free_slot()
