@@ -87,12 +87,12 @@ def start_gateway(engine_address: str, log: Path, *extra: str, env: dict[str, st
 
 
 @contextmanager
-def served(model: Path | str, log: Path, *extra: str) -> Iterator[str]:
+def served(model: Path | str, log: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """`ember serve --model MODEL --dtype float32` on a free port, yielded as its base URL once
     /health is 200; stopped on exit."""
     port = free_port()
     argv = ["-m", "ember_cli", "serve", "--model", str(model), "--port", str(port), "--dtype", "float32", *extra]
-    with spawned(argv, log) as process:
+    with spawned(argv, log, env) as process:
         url = f"http://127.0.0.1:{port}"
         wait_until(
             lambda: process.poll() is not None or http_status(f"{url}/health") == 200, STARTUP_TIMEOUT_S, "ember serve"

@@ -19,6 +19,7 @@ DOCS = [
     ROOT / "docs" / "attention-kernels.md",
     ROOT / "docs" / "benchmarks.md",
     ROOT / "docs" / "abuse.md",
+    ROOT / "docs" / "security.md",
     ROOT / "services" / "ember_gateway" / "README.md",
     ROOT / "proto" / "README.md",
 ]

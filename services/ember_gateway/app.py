@@ -16,7 +16,7 @@ from ember_gateway.api.openapi import openapi_document
 from ember_gateway.api.responses.endpoint import create_response
 from ember_gateway.api.tokenize import detokenize, tokenize
 from ember_gateway.config import GatewayConfig
-from ember_gateway.edge.auth import api_key_bytes, auth_middleware
+from ember_gateway.edge.auth import ApiKeys, auth_middleware
 from ember_gateway.edge.connections import EdgeAppRunner, EdgeLimits
 from ember_gateway.edge.cors import add_cors_headers, cors_middleware
 from ember_gateway.edge.errors import ApiError, from_http_exception, internal_error
@@ -45,21 +45,20 @@ def create_app(
         watchdog_s=config.engine_timeout,
         resume_wait_s=config.engine_resume_wait,
     )
+    keys = ApiKeys(*config.api_keys())
     app = web.Application(
-        middlewares=[_errors_middleware, cors_middleware(config.allowed_origins), auth_middleware(config.api_key)],
+        middlewares=[_errors_middleware, cors_middleware(config.allowed_origins), auth_middleware(keys)],
         client_max_size=config.max_body_bytes,
     )
     app.on_response_prepare.append(add_cors_headers(config.allowed_origins))
     app[STATE] = GatewayState(config, pool, GatewayMetrics(pool))
-    expect = expect_handler(config.max_body_bytes, api_key_bytes(config.api_key))
+    expect = expect_handler(config.max_body_bytes, keys)
     app.add_routes(
         [
             web.post("/v1/completions", create_completion, expect_handler=expect),
             web.post("/v1/chat/completions", create_chat_completion, expect_handler=expect),
             web.post("/v1/responses", create_response, expect_handler=expect),
             web.post("/v1/embeddings", create_embeddings, expect_handler=expect),
-            web.post("/v1/load_lora_adapter", load_lora_adapter, expect_handler=expect),
-            web.post("/v1/unload_lora_adapter", unload_lora_adapter, expect_handler=expect),
             web.post("/tokenize", tokenize, expect_handler=expect),
             web.post("/detokenize", detokenize, expect_handler=expect),
             web.get("/v1/models", list_models),
@@ -73,6 +72,11 @@ def create_app(
             web.get("/dashboard/dashboard.css", dashboard_asset),
         ]
     )
+    if config.allow_runtime_lora_updating:  # else absent: 404 as any unknown route, and nothing reaches an engine
+        app.add_routes([
+            web.post("/v1/load_lora_adapter", load_lora_adapter, expect_handler=expect),
+            web.post("/v1/unload_lora_adapter", unload_lora_adapter, expect_handler=expect),
+        ])  # fmt: skip
     app.on_startup.append(_start_pool)
     app.on_cleanup.append(_close_pool)
     if tracer_provider is not None or config.otlp_traces_endpoint is not None:

@@ -55,8 +55,10 @@ GATEWAY_FLAGS = config_flags(
     choices={"routing": ROUTING_MODES},
     no_env=("listen_fd",),
 )
-# --listen-fd is what a launcher passes, not one of the options `ember serve` takes
-_SHARED_FLAGS = [flag for flag in GATEWAY_FLAGS if flag.field != "listen_fd"]
+# --listen-fd is what a launcher passes, not one of the options `ember serve` takes; the engine's
+# flag of the same name sets --allow-runtime-lora-updating there, for its engines and its gateway alike.
+_LAUNCHER_SETS = ("listen_fd", "allow_runtime_lora_updating")
+_SHARED_FLAGS = [flag for flag in GATEWAY_FLAGS if flag.field not in _LAUNCHER_SETS]
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,13 +67,10 @@ def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def gateway_options_argv(args: argparse.Namespace) -> list[str]:
-    """The gateway options in `args` as command-line flags, for a launcher that starts the gateway."""
-    argv: list[str] = []
-    for flag in _SHARED_FLAGS:
-        value = getattr(args, flag.field)
-        if value is not None:
-            argv += [flag.option, str(value)]
-    return argv
+    """The gateway options in `args` (and the engines' --allow-runtime-lora-updating) as command-line
+    flags, for a launcher that starts the gateway."""
+    argv = [part for flag in _SHARED_FLAGS for part in flag.argv(getattr(args, flag.field))]
+    return argv + (["--allow-runtime-lora-updating"] if args.allow_runtime_lora_updating else [])
 
 
 def build_parser() -> argparse.ArgumentParser:

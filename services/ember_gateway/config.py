@@ -4,8 +4,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from ember_gateway.engines.router import ROUTING_MODES
+
+
+def read_keys(keys: str | None, key_file: str | None, flag: str) -> tuple[bytes, ...]:
+    """The keys of a comma-separated flag and a file of one a line (blank lines skipped); ValueError
+    naming `flag` for a file that cannot be read or holds none."""
+    listed = [key.strip() for key in (keys or "").split(",") if key.strip()]
+    if key_file is not None:
+        try:
+            lines = Path(key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{flag}-file {key_file}: cannot be read ({type(exc).__name__})") from None
+        from_file = [line.strip() for line in lines if line.strip()]
+        if not from_file:
+            raise ValueError(f"{flag}-file {key_file} holds no key")
+        listed += from_file
+    return tuple(key.encode() for key in listed)
 
 
 @dataclass(frozen=True)
@@ -23,7 +40,18 @@ class GatewayConfig:
     port: int = 8000
     """the port to listen on; 0 picks a free port"""
     api_key: str | None = None
-    """require `Authorization: Bearer KEY` (the dashboard: or `?key=KEY`) on every route but /health, /metrics, /openapi.json and the dashboard's files"""
+    """require `Authorization: Bearer KEY` (the dashboard: or `?key=KEY`) on every route but /health,
+    /metrics, /openapi.json and the dashboard's files; several keys comma-separated"""
+    api_key_file: str | None = None
+    """a file of API keys, one a line, read at start (besides --api-key's)"""
+    admin_api_key: str | None = None
+    """keys (comma-separated) that alone may change what the server runs: load and unload adapters,
+    where a user key then gets 403; they open every other route too. Unset: a user key may"""
+    admin_api_key_file: str | None = None
+    """a file of admin API keys, one a line, read at start (besides --admin-api-key's)"""
+    allow_runtime_lora_updating: bool = False
+    """serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter; off, they answer 404 as unknown
+    routes do (the engines refuse such loads too unless started with it)"""
     max_pending: int = 256
     """engine requests (prompts x n) in flight before answering 429"""
     request_timeout: float | None = None
@@ -61,6 +89,13 @@ class GatewayConfig:
     """serve on this inherited listening socket instead of binding --host/--port (what `ember serve`
     passes)"""
 
+    def api_keys(self) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        """The user keys and the admin keys, the files read now; ValueError for a file that cannot be."""
+        return (
+            read_keys(self.api_key, self.api_key_file, "--api-key"),
+            read_keys(self.admin_api_key, self.admin_api_key_file, "--admin-api-key"),
+        )
+
     def __post_init__(self) -> None:
         if not self.engine_addresses:
             raise ValueError("at least one engine address is needed")
@@ -94,6 +129,11 @@ class GatewayConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset to disable auth)")
+        if self.admin_api_key == "":
+            raise ValueError("admin_api_key must not be empty (leave it unset: user keys may change adapters)")
+        users, admins = self.api_keys()
+        if set(users) & set(admins):
+            raise ValueError("a key is both a user key and an admin key: give admins keys of their own")
         if self.model_name == "":
             raise ValueError("model_name must not be empty")
         if self.otlp_traces_endpoint is not None:

@@ -22,6 +22,8 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         "EMBER_HOST": "0.0.0.0",
         "EMBER_PORT": "9000",
         "EMBER_API_KEY": "k",
+        "EMBER_ADMIN_API_KEY": "a,b",
+        "EMBER_ALLOW_RUNTIME_LORA_UPDATING": "true",
         "EMBER_MAX_PENDING": "8",
         "EMBER_REQUEST_TIMEOUT": "2.5",
         "EMBER_MAX_BODY_BYTES": "65536",
@@ -39,7 +41,7 @@ def test_every_flag_has_an_environment_variable(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(name, value)
     assert config([]) == GatewayConfig(
         engine_addresses=("ipc:///tmp/engine.sock",), routing="load", host="0.0.0.0", port=9000, api_key="k",
-        max_pending=8, request_timeout=2.5, max_body_bytes=65536, model_name="served", engine_timeout=7.0,
+        admin_api_key="a,b", allow_runtime_lora_updating=True, max_pending=8, request_timeout=2.5, max_body_bytes=65536, model_name="served", engine_timeout=7.0,
         allowed_origins=("https://a.example", "https://b.example"), engine_wait=0.0, engine_resume_wait=60.0,
         header_timeout=1.5, body_timeout=2.0, keepalive_timeout=3.0, max_connections=9,
     )
@@ -99,6 +101,37 @@ def test_ember_serve_hands_every_gateway_flag_to_its_gateway(monkeypatch: pytest
         engine_addresses=("ipc:///tmp/engine.sock",), port=9001, api_key="k", max_pending=3, request_timeout=2.5,
         max_body_bytes=65536, model_name="served", engine_timeout=7.0, allowed_origins=(), listen_fd=5,
     )
+
+
+def test_ember_serve_switches_runtime_adapter_loads_on_for_its_engines_and_its_gateway_alike(tmp_path) -> None:
+    from ember_cli.serve import _engine_argv, _gateway_argv
+    from ember_cli.serve import build_parser as serve_parser
+
+    args = serve_parser().parse_args(["--allow-runtime-lora-updating", "--lora-dir", str(tmp_path), "--admin-api-key", "a"])
+    assert config(_gateway_argv(args, ["ipc:///tmp/engine.sock"], listen_fd=5)[3:]).allow_runtime_lora_updating
+    engine = _engine_argv(args, "ipc:///tmp/engine.sock")
+    assert "--allow-runtime-lora-updating" in engine and engine[engine.index("--lora-dir") + 1] == str(tmp_path)
+    off = serve_parser().parse_args([])
+    assert not config(_gateway_argv(off, ["ipc:///tmp/engine.sock"], listen_fd=5)[3:]).allow_runtime_lora_updating
+    assert "--no-allow-runtime-lora-updating" in _engine_argv(off, "ipc:///tmp/engine.sock")
+
+
+def test_several_user_and_admin_keys_from_flags_and_files(tmp_path) -> None:
+    users, admins = tmp_path / "users", tmp_path / "admins"
+    users.write_text("u2\n\n u3 \n")
+    admins.write_text("a2\n")
+    keys = config(["--api-key", "u1, u4", "--api-key-file", str(users), "--admin-api-key", "a1",
+                   "--admin-api-key-file", str(admins)]).api_keys()  # fmt: skip
+    assert keys == ((b"u1", b"u4", b"u2", b"u3"), (b"a1", b"a2"))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for argv, message in (
+        (["--api-key-file", str(tmp_path / "missing")], r"cannot be read \(FileNotFoundError\)"),
+        (["--admin-api-key-file", str(empty)], "holds no key"),
+        (["--api-key", "same", "--admin-api-key", "same"], "both a user key and an admin key"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            config(argv)
 
 
 def test_ember_serve_hands_on_an_empty_api_key_that_overrides_the_environment(monkeypatch: pytest.MonkeyPatch):

@@ -37,6 +37,7 @@ from ember_gateway.api.response_bodies import (
 from ember_gateway.api.responses.objects import Response, ResponseEvent
 from ember_gateway.observability.dashboard import ASSET_TYPES
 from ember_gateway.observability.dashboard_feed import DashboardUpdate
+from ember_gateway.state import STATE
 
 _REF = "#/components/schemas/{name}"
 _STRUCTS = (
@@ -120,7 +121,8 @@ def _dashboard_events() -> dict[str, Any]:
     return _get("The dashboard's live feed", answer, security=_DASHBOARD_SECURITY)
 
 
-def build_document() -> dict[str, Any]:
+def build_document(runtime_adapters: bool) -> dict[str, Any]:
+    """runtime_adapters: the gateway serves adapter loads and unloads (--allow-runtime-lora-updating)."""
     _, schemas = msgspec.json.schema_components(_STRUCTS, ref_template=_REF)
     model_param = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
     return {
@@ -141,10 +143,12 @@ def build_document() -> dict[str, Any]:
             "/tokenize": {"post": _post("A prompt or messages as the model's token ids", TokenizeRequest,
                                         TokenizeResponse)},
             "/detokenize": {"post": _post("Token ids as text", DetokenizeRequest, DetokenizeResponse)},
-            "/v1/load_lora_adapter": {"post": _post("Load a LoRA adapter on every engine (vLLM's)", LoadLoRAAdapterRequest,
-                                                    AdapterChange)},
-            "/v1/unload_lora_adapter": {"post": _post("Unload a LoRA adapter (vLLM's)", UnloadLoRAAdapterRequest,
-                                                      AdapterChange)},
+            **({
+                "/v1/load_lora_adapter": {"post": _post("Load a LoRA adapter on every engine (vLLM's; needs an admin key "
+                                                        "where the gateway has admin keys)", LoadLoRAAdapterRequest, AdapterChange)},
+                "/v1/unload_lora_adapter": {"post": _post("Unload a LoRA adapter (vLLM's; needs an admin key where the "
+                                                          "gateway has admin keys)", UnloadLoRAAdapterRequest, AdapterChange)},
+            } if runtime_adapters else {}),
             "/v1/models": _get("The models served", _json(ModelList, "The models")),
             "/v1/models/{model}": _get("One model", _json(Model, "The model"), parameters=[model_param]),
             "/health": _get("200 while an engine takes requests, else 503", _json(Health, "Ready"), open_path=True),
@@ -170,8 +174,8 @@ def build_document() -> dict[str, Any]:
     }
 
 
-DOCUMENT = build_document()
+DOCUMENTS = {runtime_adapters: build_document(runtime_adapters) for runtime_adapters in (False, True)}
 
 
 async def openapi_document(request: web.Request) -> web.Response:
-    return web.json_response(DOCUMENT)
+    return web.json_response(DOCUMENTS[request.app[STATE].config.allow_runtime_lora_updating])

@@ -6,18 +6,18 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import HttpVersion11, hdrs, web
 
-from ember_gateway.edge.auth import api_key_error
+from ember_gateway.edge.auth import ApiKeys
 from ember_gateway.edge.errors import ApiError
 from ember_gateway.edge.intake import check_framing
 
 
-def expect_handler(max_body_bytes: int, api_key: bytes | None) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+def expect_handler(max_body_bytes: int, keys: ApiKeys) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
     """Answers `Expect: 100-continue` (curl sends it for bodies over 1 MB) before the client uploads:
     a request that would be refused anyway (no valid API key, a body refused by check_framing) gets
     its error instead of `100 Continue`, on a connection then closed, since its body never comes."""
 
     async def expect_continue(request: web.Request) -> web.StreamResponse | None:
-        error = api_key_error(request, api_key)
+        error = keys.error(request)
         if error is None:
             try:
                 check_framing(request, max_body_bytes)

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
-from ember_gateway.api.openapi import DOCUMENT
+from ember_gateway.api.openapi import DOCUMENTS
 from ember_gateway.app import create_app
 from ember_gateway.config import GatewayConfig
 from tests.gateway.conftest import StartGateway
 from tests.gateway.fake_engine import FakeEngine
+
+DOCUMENT = DOCUMENTS[True]  # every route's: with runtime adapter loads allowed
 
 
 def ember_errors(instance: Any, schema_name: str) -> list[str]:
@@ -22,19 +25,22 @@ def ember_errors(instance: Any, schema_name: str) -> list[str]:
 
 
 def test_the_document_is_valid_openapi_3_1():
-    validate(DOCUMENT)
-    assert DOCUMENT["openapi"] == "3.1.0"
+    for document in DOCUMENTS.values():
+        validate(document)
+        assert document["openapi"] == "3.1.0"
 
 
-def test_every_route_is_described_and_every_description_is_a_route():
-    app = create_app(GatewayConfig(engine_addresses=("tcp://127.0.0.1:1",)))
+@pytest.mark.parametrize("runtime_adapters", [False, True])
+def test_every_route_is_described_and_every_description_is_a_route(runtime_adapters: bool):
+    config = GatewayConfig(engine_addresses=("tcp://127.0.0.1:1",), allow_runtime_lora_updating=runtime_adapters)
     routes = {
         (route.resource.canonical, route.method.lower())
-        for route in app.router.routes()
+        for route in create_app(config).router.routes()
         if route.method != "HEAD"  # aiohttp adds one beside every GET
     }
-    described = {(path, method) for path, operations in DOCUMENT["paths"].items() for method in operations}
+    described = {(path, method) for path, operations in DOCUMENTS[runtime_adapters]["paths"].items() for method in operations}
     assert routes == described
+    assert (("/v1/load_lora_adapter", "post") in routes) is runtime_adapters
     not_json = {"/metrics": "text/plain", "/openapi.json": "application/json", "/dashboard": "text/html",
                 "/dashboard/events": "text/event-stream", "/dashboard/dashboard.js": "text/javascript",
                 "/dashboard/dashboard.css": "text/css"}
@@ -57,6 +63,6 @@ def test_response_shapes_are_exact():
 async def test_served_without_an_api_key(fake_engine: FakeEngine, start_gateway: StartGateway):
     gateway = await start_gateway(fake_engine, api_key="secret")
     async with gateway.http.get("/openapi.json") as response:
-        assert response.status == 200 and await response.json() == DOCUMENT
+        assert response.status == 200 and await response.json() == DOCUMENTS[False]
     async with gateway.http.get("/v1/models") as response:
         assert response.status == 401

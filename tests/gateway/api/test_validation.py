@@ -159,13 +159,19 @@ CORPUS: list[tuple[str, bytes, int, str | None]] = [
 ]
 
 
+# What an error body must never carry: a stack, an OS error's text (host internals), a source line.
+LEAKS = ("Traceback", "Errno", 'File "')
+
+
 def assert_openai_error(status: int, body: Any, expected_status: int) -> dict[str, Any]:
+    """Every error body the suite meets passes here: OpenAI's shape, and none of LEAKS."""
     assert status == expected_status, body
     assert set(body) == {"error"}
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str) and error["type"]
+    assert not [leak for leak in LEAKS if leak in json.dumps(body)], body
     return error
 
 
