@@ -118,6 +118,13 @@ def test_kubernetes_manifests_parse_and_match_the_images() -> None:
     assert env["EMBER_ENGINE"] == "dns+tcp://ember-engine:5555"
     kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
     assert all((DEPLOY / "k8s" / r).is_file() for r in kustomization["resources"])
+    # the engine's unauthenticated ZeroMQ port admits the gateways' pods alone
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == engine_service["spec"]["selector"]
+    (rule,) = policy["spec"]["ingress"]
+    gateway_labels = gateway["spec"]["template"]["metadata"]["labels"]
+    assert [peer["podSelector"]["matchLabels"] for peer in rule["from"]] == [gateway_labels]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 5555}] and policy["spec"]["policyTypes"] == ["Ingress"]
     gpu = yaml.safe_load((DEPLOY / "k8s" / "gpu" / "kustomization.yaml").read_text())
     assert "nvidia.com~1gpu" in gpu["patches"][0]["patch"]
 

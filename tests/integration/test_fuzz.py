@@ -38,7 +38,8 @@ pytestmark = pytest.mark.fuzz
 SEED = int(os.environ.get("EMBER_FUZZ_SEED", "20250601"))
 MODEL = "smol"
 VOCAB_SIZE = 49152  # SmolLM2's
-# The fuzzed engine serves no LoRA adapters: every load is its 400, every unload the gateway's 404.
+# The gateway serves adapter loads, its engine refuses them: every load is the engine's 403, every
+# unload the gateway's 404.
 ADAPTER_ROUTES = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 POST_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize",
                *ADAPTER_ROUTES)
@@ -79,7 +80,8 @@ def gateway_url(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactor
     argv = engine_argv(smollm2_gguf_path, address, "--num-blocks", "64", "--max-model-len", "256",
                        "--served-model-name", MODEL)
     with spawned(argv, logs / "engine.log"):
-        gateway = start_gateway(address, logs / "gateway.log", "--engine-wait", "60", "--request-timeout", "30")
+        gateway = start_gateway(address, logs / "gateway.log", "--engine-wait", "60", "--request-timeout", "30",
+                                "--allow-runtime-lora-updating")
         yield next(gateway)
         gateway.close()
 

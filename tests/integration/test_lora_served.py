@@ -58,11 +58,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, opena
     del llm
     assert len(set(expected.values())) == 3, expected  # each adapter changes the text
     with served(model_dir, root / "serve.log", "--model-name", "base", "--lora-modules", f"first={first}",
-                "--max-loras", "2") as url:  # fmt: skip
+                "--max-loras", "2", "--allow-runtime-lora-updating", "--lora-dir", str(root)) as url:  # fmt: skip
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         # loaded while serving as llama.cpp's GGUF of the same adapter (float32: the same tokens)
         second_gguf = export_lora_gguf(second, model_dir, root / "second.gguf", "F32")
-        yield url, client, {"expected": expected, "second": str(second_gguf), "model_dir": str(model_dir)}
+        yield url, client, {"expected": expected, "second": str(second_gguf), "model_dir": str(model_dir), "root": str(root)}
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -166,7 +166,8 @@ def test_an_adapter_loaded_while_serving_is_loaded_again_when_its_engine_restart
     data = setup[2]
     port, log = free_port(), tmp_path / "serve.log"
     argv = ["-m", "ember_cli", "serve", "--model", data["model_dir"], "--model-name", "base", "--port", str(port),
-            "--dtype", "float32", "--num-blocks", "64", "--enable-lora", "--engine-resume-wait", "120"]  # fmt: skip
+            "--dtype", "float32", "--num-blocks", "64", "--enable-lora", "--engine-resume-wait", "120",
+            "--allow-runtime-lora-updating", "--lora-dir", data["root"]]  # fmt: skip
     with spawned(argv, log) as process:
         wait_until(lambda: process.poll() is not None or "ember: ready" in log.read_text(), STARTUP_TIMEOUT_S, "serve")
         url = f"http://127.0.0.1:{port}"
