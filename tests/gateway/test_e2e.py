@@ -131,7 +131,7 @@ async def wait_for_metric(
 # aiohttp client
 
 
-async def test_health_models_and_metrics_routes(url: str, engine_address: str):
+async def test_health_models_and_metrics_routes(url: str, engine_address: str, engine: EngineProcess):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/health") as response:
             assert response.status == 200
@@ -143,6 +143,8 @@ async def test_health_models_and_metrics_routes(url: str, engine_address: str):
         entry = models["data"][0]
         assert (entry["dtype"], entry["numerics"], entry["kv_cache_dtype"]) == ("float32", "exact", "float32")
         assert entry["cpu_build"] == cpu_ops.build_in_use()  # what its bits depend on, besides the request
+        start_up = (engine.log_dir / f"engine-{engine.starts}.log").read_text()
+        assert f"dtype float32, numerics exact, KV cache float32, CPU build {cpu_ops.build_in_use()}" in start_up
         async with session.get(f"{url}/metrics") as response:
             assert response.status == 200 and "ember_kv_cache_usage_perc" in await response.text()
         info = (
