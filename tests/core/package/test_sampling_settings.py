@@ -11,7 +11,7 @@ import pytest
 
 from ember_cli.main import build_parser
 from ember_core.sampling_params import SETTINGS, DeclaredSetting, SamplingParams
-from ember_gateway.api.openapi import DOCUMENT
+from ember_gateway.api.openapi import DOCUMENTS
 from ember_gateway.api.request_bodies import ChatCompletionRequest, CompletionRequest
 from ember_proto import SamplingOptions, StructuredOutputs
 
@@ -60,7 +60,7 @@ def test_a_body_setting_is_a_field_of_both_bodies_the_document_and_the_cli(name:
     for body_type, extra in ((CompletionRequest, {"prompt": "x"}), (ChatCompletionRequest, {"messages": [{"role": "user"}]})):
         body = msgspec.convert({"model": "m", **extra, name: wire_value}, body_type)
         assert getattr(body, name) == wire_value
-        described = DOCUMENT["components"]["schemas"][body_type.__name__]["properties"][name]
+        described = DOCUMENTS[True]["components"]["schemas"][body_type.__name__]["properties"][name]
         assert SETTINGS[name].setting.meaning in str(described)
     parser, _ = build_parser()
     flag = "--" + name.replace("_", "-")
