@@ -448,6 +448,8 @@ async def test_engine_death_mid_stream_requests_resume_on_the_restarted_engine_w
         await wait_until_async(lambda: fake_engine.num_running == 2, 5.0, "both requests running")
         await asyncio.sleep(0.2)
         await fake_engine.stop()
+        # the loss arrives as the socket's disconnect event, a moment later on a busy machine
+        await wait_until_async(lambda: not gateway.client.ready, 5.0, "the engine's loss noticed")
         assert await get_status(gateway, "/health") == 503
         status, body = await gateway.post("/v1/completions", completion())  # a new request still gets its 503
         assert_openai_error(status, body, 503)
