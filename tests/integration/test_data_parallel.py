@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -137,7 +138,7 @@ async def test_a_conversation_stays_on_the_engine_holding_its_prefix_and_a_late_
                 if turn == 0:  # the second engine comes up between the first turns
                     stack.enter_context(spawned(engine_argv(model_dir, second, *ENGINE_FLAGS), tmp_path / "engine2.log",
                                                 {"OMP_NUM_THREADS": "1"}))
-                    await _wait_for_engines(session, url, 2)
+                    await _wait_for_engines(session, url, 2, sorted(tmp_path.glob("*.log")))
             # every later turn found the earlier ones cached on the engine that served them
             assert all(later > earlier for earlier, later in itertools.pairwise(turn_hits)), turn_hits
             for word in WORDS:  # prompts that share no block: the newcomer takes its share
@@ -156,7 +157,7 @@ async def test_engines_of_two_cache_dtypes_behind_one_gateway_each_keep_their_pr
         ]
         url = gateway(stack, engines, tmp_path / "gw.log")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
-            await _wait_for_engines(session, url, 2)
+            await _wait_for_engines(session, url, 2, sorted(tmp_path.glob("*.log")))
             # Completions, so no chat template puts a shared first block in front of every prompt.
             conversations = [f"{word}: tell me what you know about it." for word in WORDS[:4]]
             for turn in range(3):
@@ -186,13 +187,16 @@ async def _wait_for_metric(session: aiohttp.ClientSession, url: str, name: str, 
     pytest.fail(f"{name} of {engine} stayed at 0")
 
 
-async def _wait_for_engines(session: aiohttp.ClientSession, url: str, count: int) -> None:
-    for _ in range(1200):
+async def _wait_for_engines(session: aiohttp.ClientSession, url: str, count: int, logs: list[Path]) -> None:
+    """Until the gateway's /health lists count engines; a failure shows the processes' logs."""
+    deadline = time.monotonic() + 2 * STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
         async with session.get(f"{url}/health") as response:
             if response.status == 200 and len((await response.json())["engines"]) == count:
                 return
         await asyncio.sleep(0.1)
-    pytest.fail(f"the gateway never saw {count} engines")
+    tails = "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]) for log in logs)
+    pytest.fail(f"the gateway never saw {count} engines\n{tails}")
 
 
 def test_ember_serve_splits_the_cores_between_its_engines(model_dir: Path, tmp_path: Path) -> None:
