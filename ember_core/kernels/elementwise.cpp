@@ -150,6 +150,12 @@ struct GeluTanh {
   }
 };
 
+// sigmoid(g), as Silu computes it.
+inline vfloat sigmoid_vector(vfloat g) {
+  const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
+  return (g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e);
+}
+
 template <typename T, typename Activation>
 at::Tensor gated(const at::Tensor& gate_up, Activation activation) {
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
@@ -185,6 +191,34 @@ at::Tensor gated_activation(const at::Tensor& gate_up, const char* op, Activatio
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, op,
               ": gate_up must be a contiguous [rows, 2 * n] tensor, got ", gate_up.sizes());
   return gated<float>(gate_up, activation);
+}
+
+// y = x * sigmoid(gate), element by element (a gated attention's output); a row's tail gets the vector
+// arithmetic too, so every element's bits are the same wherever it sits.
+template <typename T>
+at::Tensor sigmoid_gated(const at::Tensor& x, const at::Tensor& gate) {
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* xs = x.data_ptr<T>();
+  const T* gs = gate.data_ptr<T>();
+  T* ys = out.data_ptr<T>();
+  at::parallel_for(0, rows, rows_per_task(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t i = 0; i < n; i += kLanes) {
+        const int64_t count = std::min(kLanes, n - i), at = r * n + i;
+        if constexpr (std::is_same_v<T, BFloat16>) {
+          store_bf16_first(ys + at, load_bf16_first(xs + at, count) * sigmoid_vector(load_bf16_first(gs + at, count)), count);
+        } else {
+          float lanes_x[kLanes] = {}, lanes_g[kLanes] = {}, lanes_y[kLanes];
+          std::memcpy(lanes_x, xs + at, count * sizeof(float));
+          std::memcpy(lanes_g, gs + at, count * sizeof(float));
+          store(lanes_y, load(lanes_x) * sigmoid_vector(load(lanes_g)));
+          std::memcpy(ys + at, lanes_y, count * sizeof(float));
+        }
+      }
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -269,6 +303,15 @@ at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
   return gated_activation(gate_up, "gelu_tanh_and_mul", GeluTanh{});
 }
 
+at::Tensor sigmoid_mul(const at::Tensor& x, const at::Tensor& gate) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && gate.is_contiguous() && x.sizes() == gate.sizes() &&
+                  x.scalar_type() == gate.scalar_type(),
+              "sigmoid_mul: x and gate must be contiguous [rows, n] tensors of one shape and dtype");
+  if (is_bf16(x)) return sigmoid_gated<BFloat16>(x, gate);
+  check_float_cpu(x, "sigmoid_mul", "x");
+  return sigmoid_gated<float>(x, gate);
+}
+
 }  // namespace ember
 
 TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
@@ -277,6 +320,7 @@ TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def("rms_norm_(Tensor(a!) x, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh_and_mul(Tensor gate_up) -> Tensor");
+  m.def("sigmoid_mul(Tensor x, Tensor gate) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) {
@@ -285,4 +329,5 @@ TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) {
   m.impl("rms_norm_", &ember::rms_norm_);
   m.impl("silu_and_mul", &ember::silu_and_mul);
   m.impl("gelu_tanh_and_mul", &ember::gelu_tanh_and_mul);
+  m.impl("sigmoid_mul", &ember::sigmoid_mul);
 }

@@ -33,6 +33,14 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(gate) (a gated attention's output), one C++ call where it runs: each element's bits
+    then do not depend on where in the batch it sits (torch's vector and tail code differ)."""
+    if _on_kernel(x):
+        return cpu_ops.ops().sigmoid_mul(x.contiguous(), gate.contiguous())
+    return x * torch.sigmoid(gate)
+
+
 GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": silu_and_mul,
     "gelu_tanh": gelu_tanh_and_mul,

@@ -1,0 +1,215 @@
+// Qwen3.5's Gated DeltaNet mixer between its input and output projections (layers/gated_delta_net.py),
+// for the prompt chunks and decodes of one step: the causal depthwise convolution over q/k/v, the
+// gated delta rule's recurrence per value head, and the gated RMSNorm of its output.
+//
+// Every token runs the same arithmetic whether it arrives in a prompt, a chunk of one, or a decode,
+// alone or beside other sequences: the recurrence is computed token by token (never the chunked
+// form transformers uses for prompts), each output value from its own loop in a fixed order, and
+// the work splits across threads only along independent values (channels, heads, tokens). That is
+// what keeps ember's bitwise invariant for hybrid models.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ops.h"
+
+namespace {
+
+using c10::BFloat16;
+
+inline float sigmoid(float x) { return x >= 0.0f ? 1.0f / (1.0f + std::exp(-x)) : std::exp(x) / (1.0f + std::exp(x)); }
+
+// torch's softplus (beta 1, threshold 20).
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// A value as the model's dtype holds it: bfloat16 rounds, float32 stays.
+template <typename T>
+inline float as_model(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+struct Sizes {
+  int64_t num_key_heads, num_value_heads, key_dim, value_dim, kernel;
+  int64_t key_size() const { return num_key_heads * key_dim; }
+  int64_t value_size() const { return num_value_heads * value_dim; }
+  int64_t conv_size() const { return 2 * key_size() + value_size(); }
+  // projected's row: [q k v | z | b | a]
+  int64_t row() const { return conv_size() + value_size() + 2 * num_value_heads; }
+};
+
+struct Batch {
+  const int64_t* starts;  // [sequences + 1] token offsets
+  const int64_t* slots;   // [sequences] state slots
+  const bool* fresh;      // [sequences] start from zero states (a sequence's first tokens)
+  int64_t sequences;
+};
+
+// convolved[t][c] = silu(sum_j w[c][j] * x[t - kernel + 1 + j][c]) in float32 (rounded to the model's
+// dtype, as transformers' conv output is), x before a sequence's chunk read from its conv state; the
+// state then keeps the last kernel - 1 inputs.
+template <typename T>
+void convolve(const T* projected, const T* weight, T* conv_state, float* convolved, const Sizes& s, const Batch& b) {
+  const int64_t channels = s.conv_size(), history = s.kernel - 1, row = s.row();
+  at::parallel_for(0, b.sequences * channels, 256, [&](int64_t begin, int64_t end) {
+    std::vector<float> window;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / channels, c = item % channels;
+      const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
+      T* state = conv_state + (b.slots[seq] * channels + c) * history;
+      window.assign(history + count, 0.0f);
+      if (!b.fresh[seq])
+        for (int64_t j = 0; j < history; ++j) window[j] = static_cast<float>(state[j]);
+      for (int64_t t = 0; t < count; ++t) window[history + t] = static_cast<float>(projected[(start + t) * row + c]);
+      const T* w = weight + c * s.kernel;
+      for (int64_t t = 0; t < count; ++t) {
+        float total = 0.0f;
+        for (int64_t j = 0; j < s.kernel; ++j) total += static_cast<float>(w[j]) * window[t + j];
+        convolved[(start + t) * channels + c] = as_model<T>(total * sigmoid(total));
+      }
+      for (int64_t j = 0; j < history; ++j) state[j] = static_cast<T>(window[count + j]);
+    }
+  });
+}
+
+// x / sqrt(sum(x^2) + 1e-6), the fla library's l2norm as transformers writes it, times scale.
+void l2_normalised(const float* x, int64_t n, float scale, float* out) {
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) total += x[i] * x[i];
+  const float inverse = 1.0f / std::sqrt(total + 1e-6f);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inverse * scale;
+}
+
+// The gated delta rule, per (sequence, value head), token by token: S = S * exp(g); kv = S^T k;
+// S += k (beta (v - kv))^T; o = S^T q; with q and k l2-normalised and q scaled by key_dim^-1/2.
+template <typename T>
+void recur(const T* projected, const float* convolved, const T* a_log, const T* dt_bias, float* recurrent_state,
+           float* core, const Sizes& s, const Batch& b) {
+  const int64_t heads = s.num_value_heads, dk = s.key_dim, dv = s.value_dim, channels = s.conv_size(), row = s.row();
+  const int64_t group = heads / s.num_key_heads;
+  const float query_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  at::parallel_for(0, b.sequences * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(dk), k(dk), kv(dv), delta(dv);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / heads, h = item % heads, key_head = h / group;
+      const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
+      float* state = recurrent_state + (b.slots[seq] * heads + h) * dk * dv;
+      if (b.fresh[seq])
+        for (int64_t i = 0; i < dk * dv; ++i) state[i] = 0.0f;
+      const float decay_rate = -std::exp(static_cast<float>(a_log[h]));
+      for (int64_t t = 0; t < count; ++t) {
+        const int64_t token = start + t;
+        const float* x = convolved + token * channels;
+        l2_normalised(x + key_head * dk, dk, query_scale, q.data());
+        l2_normalised(x + s.key_size() + key_head * dk, dk, 1.0f, k.data());
+        const float* v = x + 2 * s.key_size() + h * dv;
+        const T* gates = projected + token * row + channels + s.value_size();
+        const float beta = sigmoid(static_cast<float>(gates[h]));
+        const float decay =
+            std::exp(decay_rate * softplus(static_cast<float>(gates[heads + h]) + static_cast<float>(dt_bias[h])));
+        for (int64_t i = 0; i < dk * dv; ++i) state[i] *= decay;
+        for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) kv[j] += state[i * dv + j] * k[i];
+        for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - kv[j]) * beta;
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) state[i * dv + j] += k[i] * delta[j];
+        float* o = core + token * s.value_size() + h * dv;
+        for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) o[j] += state[i * dv + j] * q[i];
+      }
+    }
+  });
+}
+
+// out = weight * rmsnorm(o) * silu(z) per value head, in transformers' roundings (Qwen3_5RMSNormGated).
+template <typename T>
+void gated_norm(const T* projected, const float* core, const T* norm_weight, double eps, T* out, const Sizes& s,
+                int64_t tokens) {
+  const int64_t heads = s.num_value_heads, dv = s.value_dim, row = s.row();
+  at::parallel_for(0, tokens * heads, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t token = item / heads, h = item % heads;
+      const float* o = core + token * s.value_size() + h * dv;
+      const T* z = projected + token * row + s.conv_size() + h * dv;
+      float total = 0.0f;
+      for (int64_t j = 0; j < dv; ++j) total += as_model<T>(o[j]) * as_model<T>(o[j]);
+      const float inverse = 1.0f / std::sqrt(total / static_cast<float>(dv) + static_cast<float>(eps));
+      T* y = out + token * s.value_size() + h * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        const float normed = as_model<T>(static_cast<float>(norm_weight[j]) * as_model<T>(as_model<T>(o[j]) * inverse));
+        const float gate = static_cast<float>(z[j]);
+        y[j] = static_cast<T>(normed * (gate * sigmoid(gate)));
+      }
+    }
+  });
+}
+
+template <typename T>
+at::Tensor run(const at::Tensor& projected, const at::Tensor& conv_weight, const at::Tensor& a_log,
+               const at::Tensor& dt_bias, const at::Tensor& norm_weight, double eps, const at::Tensor& conv_state,
+               const at::Tensor& recurrent_state, const Sizes& s, const Batch& b) {
+  const int64_t tokens = projected.size(0);
+  at::Tensor convolved = at::empty({tokens, s.conv_size()}, projected.options().dtype(at::kFloat));
+  at::Tensor core = at::empty({tokens, s.value_size()}, projected.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({tokens, s.value_size()}, projected.options());
+  const T* in = projected.data_ptr<T>();
+  convolve<T>(in, conv_weight.data_ptr<T>(), conv_state.data_ptr<T>(), convolved.data_ptr<float>(), s, b);
+  recur<T>(in, convolved.data_ptr<float>(), a_log.data_ptr<T>(), dt_bias.data_ptr<T>(),
+           recurrent_state.data_ptr<float>(), core.data_ptr<float>(), s, b);
+  gated_norm<T>(in, core.data_ptr<float>(), norm_weight.data_ptr<T>(), eps, out.data_ptr<T>(), s, tokens);
+  return out;
+}
+
+}  // namespace
+
+namespace ember {
+
+// projected: [tokens, q k v | z | b | a] (the fused input projection's output); conv_weight [conv, kernel];
+// conv_state [slots, conv, kernel - 1] and recurrent_state [slots, value heads, key_dim, value_dim]
+// (float32) are updated in place for each sequence's slot. Returns [tokens, value heads * value_dim].
+at::Tensor gated_delta_net(const at::Tensor& projected, const at::Tensor& conv_weight, const at::Tensor& a_log,
+                           const at::Tensor& dt_bias, const at::Tensor& norm_weight, double eps,
+                           const at::Tensor& conv_state, const at::Tensor& recurrent_state, const at::Tensor& starts,
+                           const at::Tensor& slots, const at::Tensor& fresh, int64_t num_key_heads, int64_t key_dim,
+                           int64_t value_dim) {
+  const auto dtype = projected.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "gated_delta_net: float32 or bfloat16, got ", dtype);
+  for (const at::Tensor* t : {&conv_weight, &a_log, &dt_bias, &norm_weight, &conv_state})
+    TORCH_CHECK(t->scalar_type() == dtype && t->is_contiguous(), "gated_delta_net: weights and conv state must be ",
+                dtype, " and contiguous");
+  TORCH_CHECK(projected.is_contiguous() && projected.dim() == 2, "gated_delta_net: projected must be contiguous 2-D");
+  TORCH_CHECK(recurrent_state.scalar_type() == at::kFloat && recurrent_state.is_contiguous() && recurrent_state.dim() == 4,
+              "gated_delta_net: recurrent_state must be a contiguous float32 [slots, heads, key_dim, value_dim]");
+  TORCH_CHECK(starts.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && fresh.scalar_type() == at::kBool,
+              "gated_delta_net: starts and slots int64, fresh bool");
+  const Sizes s{num_key_heads, recurrent_state.size(1), key_dim, value_dim, conv_weight.size(1)};
+  TORCH_CHECK(projected.size(1) == s.row() && conv_weight.size(0) == s.conv_size() && recurrent_state.size(2) == key_dim &&
+                  recurrent_state.size(3) == value_dim && conv_state.size(1) == s.conv_size() &&
+                  conv_state.size(2) == s.kernel - 1 && s.num_value_heads % num_key_heads == 0,
+              "gated_delta_net: sizes do not agree");
+  const Batch b{starts.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), fresh.data_ptr<bool>(), slots.size(0)};
+  TORCH_CHECK(starts.size(0) == b.sequences + 1 && b.starts[b.sequences] == projected.size(0),
+              "gated_delta_net: starts must bound every token");
+  if (dtype == at::kBFloat16)
+    return run<BFloat16>(projected, conv_weight, a_log, dt_bias, norm_weight, eps, conv_state, recurrent_state, s, b);
+  return run<float>(projected, conv_weight, a_log, dt_bias, norm_weight, eps, conv_state, recurrent_state, s, b);
+}
+
+}  // namespace ember
+
+TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
+  m.def(
+      "gated_delta_net(Tensor projected, Tensor conv_weight, Tensor a_log, Tensor dt_bias, Tensor norm_weight, "
+      "float eps, Tensor(a!) conv_state, Tensor(b!) recurrent_state, Tensor starts, Tensor slots, Tensor fresh, "
+      "int num_key_heads, int key_dim, int value_dim) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("gated_delta_net", &ember::gated_delta_net); }

@@ -1,0 +1,128 @@
+"""Qwen3.5's Gated DeltaNet: a linear-attention layer whose memory is a fixed-size state per
+sequence, not a KV cache that grows with the context.
+
+One fused input projection gives, per token, q/k/v (through a causal depthwise convolution and
+SiLU), the output gate z, and b and a (the write strength beta = sigmoid(b) and the decay
+exp(-exp(A_log) * softplus(a + dt_bias))). Per value head, the state S [key_dim, value_dim] then
+decays, takes the delta rule's correction of what it recalls for k, and answers q:
+    S = S * decay;  S += k (beta (v - S^T k))^T;  o = S^T q
+(q and k l2-normalised per head, q scaled by key_dim^-1/2; each q/k head serves
+num_value_heads / num_key_heads value heads). o goes through an RMSNorm gated by silu(z) and the
+output projection.
+
+The state pool (runner) gives every layer its tensors: the convolution's last inputs and S for
+each slot. The recurrence runs token by token in prompts as in decodes, so a token's bits never
+depend on how its prompt was chunked or batched; ember's C++ op runs it on CPU, the torch code
+below elsewhere (the same steps, one token of one sequence at a time).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember_core.kernels import cpu_ops
+from ember_core.layers.recurrent_batch import RecurrentBatch
+from ember_core.models.decoder_config import LinearAttentionConfig
+
+# The checkpoint's input projections, in the fused projection's row order.
+INPUT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: LinearAttentionConfig, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.config = config
+        self.eps = eps
+        heads = config.num_value_heads
+        self.in_proj = nn.Linear(hidden_size, config.conv_size + config.value_size + 2 * heads, bias=False)
+        self.conv1d = nn.Conv1d(config.conv_size, config.conv_size, config.conv_kernel, groups=config.conv_size, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(heads))
+        self.A_log = nn.Parameter(torch.zeros(heads))
+        self.norm = _GateNorm(config.value_head_dim)
+        self.out_proj = nn.Linear(config.value_size, hidden_size, bias=False)
+        # Set by the runner: [slots, conv_size, conv_kernel - 1] in the model's dtype, and
+        # [slots, value heads, key_dim, value_dim] float32.
+        self.conv_state: torch.Tensor | None = None
+        self.recurrent_state: torch.Tensor | None = None
+
+    def input_rows(self) -> list[tuple[str, int]]:
+        """The checkpoint's input projections and their rows in the fused in_proj."""
+        c = self.config
+        return list(zip(INPUT_PROJECTIONS, (c.conv_size, c.value_size, c.num_value_heads, c.num_value_heads)))
+
+    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One slot's convolution state and recurrent state."""
+        c = self.config
+        return (c.conv_size, c.conv_kernel - 1), (c.num_value_heads, c.key_head_dim, c.value_head_dim)
+
+    def forward(self, hidden: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
+        projected = self.in_proj(hidden).contiguous()
+        weight = self.conv1d.weight.view(self.config.conv_size, -1)
+        operands = (projected, weight, self.A_log, self.dt_bias, self.norm.weight, self.eps, self.conv_state, self.recurrent_state)
+        c = self.config
+        if projected.is_cpu and projected.dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available():
+            mixed = cpu_ops.ops().gated_delta_net(
+                *operands, batch.starts, batch.slots, batch.fresh, c.num_key_heads, c.key_head_dim, c.value_head_dim
+            )
+        else:
+            mixed = _gated_delta_net_torch(c, *operands, batch)
+        return self.out_proj(mixed)
+
+
+class _GateNorm(nn.Module):
+    """Holds the gated RMSNorm's weight (its arithmetic runs inside the mixer), named as checkpoints name it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+
+
+def _gated_delta_net_torch(
+    c: LinearAttentionConfig,
+    projected: torch.Tensor,
+    conv_weight: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    conv_state: torch.Tensor,
+    recurrent_state: torch.Tensor,
+    batch: RecurrentBatch,
+) -> torch.Tensor:
+    """gated_delta_net.cpp's arithmetic in torch ops, one token of one sequence at a time (so every
+    op sees the same shapes however the step is batched)."""
+    dtype, heads, group = projected.dtype, c.num_value_heads, c.num_value_heads // c.num_key_heads
+    z_start, gates_start = c.conv_size, c.conv_size + c.value_size
+    out = torch.empty(projected.shape[0], c.value_size, dtype=dtype, device=projected.device)
+    starts = batch.starts.tolist()
+    for seq, (slot, fresh) in enumerate(zip(batch.slots.tolist(), batch.fresh.tolist())):
+        if fresh:
+            conv_state[slot].zero_()
+            recurrent_state[slot].zero_()
+        state = recurrent_state[slot]
+        for token in range(starts[seq], starts[seq + 1]):
+            row = projected[token]
+            window = torch.cat([conv_state[slot], row[: c.conv_size, None]], dim=1)
+            conv_state[slot].copy_(window[:, 1:])
+            convolved = F.silu((window.float() * conv_weight.float()).sum(dim=1)).to(dtype).float()
+            q, k, v = convolved.split([c.key_size, c.key_size, c.value_size])
+            q = _l2_normalised(q.view(c.num_key_heads, -1)) * c.key_head_dim**-0.5
+            k = _l2_normalised(k.view(c.num_key_heads, -1))
+            q, k = q.repeat_interleave(group, dim=0), k.repeat_interleave(group, dim=0)
+            b, a = row[gates_start : gates_start + heads].float(), row[gates_start + heads :].float()
+            decay = torch.exp(-torch.exp(a_log.float()) * F.softplus(a + dt_bias.float()))
+            state.mul_(decay[:, None, None])
+            recalled = (state * k[:, :, None]).sum(dim=1)
+            delta = (v.view(heads, -1) - recalled) * torch.sigmoid(b)[:, None]
+            state.add_(k[:, :, None] * delta[:, None, :])
+            o = (state * q[:, :, None]).sum(dim=1).to(dtype).float()
+            normed = (o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + eps)).to(dtype)
+            z = row[z_start:gates_start].view(heads, -1).float()
+            out[token] = ((norm_weight * normed).float() * F.silu(z)).to(dtype).view(-1)
+    return out
+
+
+def _l2_normalised(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
