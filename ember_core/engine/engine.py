@@ -22,6 +22,7 @@ from ember_core.engine.outputs import append_tokens, delta
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.engine.speculator import Speculator
+from ember_core.engine.state_slots import StateSlots, refuse_for_hybrid
 from ember_core.engine.stats import engine_stats, step_sample
 from ember_core.engine.step_inputs import step_chunks
 from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
@@ -39,6 +40,7 @@ from ember_core.runner.context_cost import context_cost_per_position
 from ember_core.runner.inputs import SequenceChunk
 from ember_core.runner.kv_cache_layout import kv_cache_layout
 from ember_core.runner.model_runner import ModelRunner
+from ember_core.runner.state_pool import state_bytes_per_slot
 from ember_core.runner.token_masks import TokenMaskFiller
 from ember_core.sampling_params import SamplingParams
 from ember_core.speculative_config import speculative_config
@@ -69,7 +71,10 @@ class Engine:
             kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype, device)
             layout = kv_cache_layout(model)
             bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
-            num_blocks = pool_blocks(config, bytes_per_block, device)
+            state_bytes = state_bytes_per_slot(model, dtype) * config.max_num_seqs
+            if state_bytes:
+                refuse_for_hybrid(config)
+            num_blocks = pool_blocks(config, bytes_per_block, device, state_bytes)
         except BaseException:
             self.close()  # the followers wait for the setup: they stop instead
             raise
@@ -77,6 +82,7 @@ class Engine:
             self.ranks.share(RankSetup(dtype, self.loaded.numerics, num_blocks, kv_dtype))
         self.kv_cache_dtype = kv_cache_dtype_name(kv_dtype)  # what the engine reports, and its hashes' key
         self.kv_cache_bytes = num_blocks * bytes_per_block
+        self.state_pool_bytes = state_bytes
         self.block_manager = BlockManager(num_blocks, config.block_size, layout.group_windows)
         cache_tokens = self.block_manager.longest_fitting_sequence(self.loaded.max_model_len, config.max_num_batched_tokens)
         logger.info(
@@ -84,6 +90,12 @@ class Engine:
             num_blocks, config.block_size, len(layout.group_windows), layout.layers_per_group,
             num_blocks * bytes_per_block / 2**20, kv_dtype, cache_tokens,
         )
+        if state_bytes:
+            logger.info(
+                "state pool: %d slots (one per running sequence, --max-num-seqs) of %.2f MiB each, %.1f MiB beside the "
+                "KV blocks of the attention layers; prefix caching off for this hybrid model",
+                config.max_num_seqs, state_bytes / config.max_num_seqs / 2**20, state_bytes / 2**20,
+            )
         logger.info(
             "serving %s: dtype %s, numerics %s, KV cache %s, CPU build %s (what its bits depend on besides the requests)",
             self.loaded.name, str(dtype).removeprefix("torch."), self.loaded.numerics, self.kv_cache_dtype,
@@ -103,7 +115,7 @@ class Engine:
             max_model_len=self.max_model_len,
             admission=config.admission,
             batching=config.batching,
-            prefix_caching=config.enable_prefix_caching,
+            prefix_caching=config.enable_prefix_caching and not state_bytes,
             context_cost=context_cost_per_position(model),
             # Every step streams all the weights from memory: at long context the charge would cut a
             # prompt into chunks of a few tokens, each paying that for little work.
@@ -112,7 +124,12 @@ class Engine:
             priority_aging_s=config.priority_aging_s,
             kv_cache_dtype=self.kv_cache_dtype,
         )
-        self.runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, config.decode_attention, parallel)
+        self.runner = ModelRunner(
+            model, num_blocks, config.block_size, kv_dtype, config.decode_attention, parallel,
+            num_state_slots=config.max_num_seqs if state_bytes else 0,
+        )
+        self.state_slots = StateSlots(config.max_num_seqs) if state_bytes else None
+        self.scheduler.state_slots = self.state_slots
         self.adapters: AdapterSlots | None = None
         if config.enable_lora:
             self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank, config.lora_dtype)
@@ -237,7 +254,9 @@ class Engine:
     def stats(self, expert_load: bool = False) -> EngineStats:
         """The engine's counters; with a mixture of experts' load per layer when asked (larger: the
         worker sends it once a second)."""
-        return engine_stats(self.scheduler, self.block_manager, self.speculator, self.expert_load() if expert_load else [])
+        return engine_stats(
+            self.scheduler, self.block_manager, self.speculator, self.expert_load() if expert_load else [], self.state_slots
+        )
 
     def expert_load(self) -> list[list[int]]:
         """A mixture of experts' tokens routed to each expert, per decoder layer ([] for a dense model)."""

@@ -13,17 +13,25 @@ from ember_core.device import available_memory
 logger = logging.getLogger(__name__)
 
 
-def pool_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device) -> int:
-    """--num-blocks, or as many blocks as --kv-cache-mib holds."""
+def pool_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device, state_bytes: int = 0) -> int:
+    """--num-blocks, or as many blocks as --kv-cache-mib holds beside state_bytes (a hybrid model's
+    state pool, which the same budget holds first)."""
     num_blocks = config.num_blocks
     if num_blocks is None:
-        num_blocks = int(config.kv_cache_mib * 2**20) // bytes_per_block
+        budget = int(config.kv_cache_mib * 2**20)
+        if state_bytes >= budget:
+            raise ValueError(
+                f"a KV cache of {config.kv_cache_mib:g} MiB cannot hold the model's state pool "
+                f"({state_bytes / 2**20:.1f} MiB for {config.max_num_seqs} sequences): raise --kv-cache-mib "
+                "or lower --max-num-seqs"
+            )
+        num_blocks = (budget - state_bytes) // bytes_per_block
         if num_blocks == 0:
             raise ValueError(
                 f"a KV cache of {config.kv_cache_mib:g} MiB holds no block of {config.block_size} tokens "
                 f"({bytes_per_block / 2**20:.1f} MiB each): raise --kv-cache-mib or lower --block-size"
             )
-    _check_fits(num_blocks * bytes_per_block, device)
+    _check_fits(num_blocks * bytes_per_block + state_bytes, device)
     return num_blocks
 
 

@@ -62,8 +62,9 @@ class SchedulerOutput:
         return not self.seqs
 
 
-class AdapterGate(Protocol):
-    """LoRA adapter slots (lora/slots.py): an admitted request takes its adapter's, or waits."""
+class SlotGate(Protocol):
+    """Slots an admitted request takes or waits for: its LoRA adapter's (lora/slots.py), a hybrid
+    model's state slot (state_slots.py)."""
 
     def acquire(self, seq: Sequence) -> bool: ...
 
@@ -116,7 +117,8 @@ class Scheduler:
         # the prompt tokens it will compute.
         self._queued_hashes: Counter[bytes] = Counter()
         self._prefill_estimates: dict[int, tuple[int, int]] = {}  # seq id -> (tokens, hashes counted)
-        self.adapters: AdapterGate | None = None  # with LoRA adapters (the engine sets it)
+        self.adapters: SlotGate | None = None  # with LoRA adapters (the engine sets it)
+        self.state_slots: SlotGate | None = None  # a hybrid model's (the engine sets it)
 
     @property
     def num_unfinished(self) -> int:
@@ -267,6 +269,9 @@ class Scheduler:
                 return False
             if seq.adapter and self.adapters is not None and not self.adapters.acquire(seq):
                 return False  # every adapter slot is held: it waits its turn, at the head of the queue
+            if self.state_slots is not None and not self.state_slots.acquire(seq):
+                self._release_adapter(seq)
+                return False
             cached, chunk_cap = plan
             self.waiting.popleft()
             if self.admission == "reserve":
@@ -370,7 +375,7 @@ class Scheduler:
         del self.running[seq.seq_id]
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
-        self._release_adapter(seq)
+        self._release_slots(seq)
         seq.num_computed_tokens = 0
         seq.drafts.token_ids.clear()
         seq.status = SequenceStatus.WAITING
@@ -382,6 +387,11 @@ class Scheduler:
         if self.adapters is not None:
             self.adapters.release(seq)
 
+    def _release_slots(self, seq: Sequence) -> None:
+        self._release_adapter(seq)
+        if self.state_slots is not None:
+            self.state_slots.release(seq)
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Release everything seq holds, in the step it finishes."""
         if seq.status is SequenceStatus.RUNNING:
@@ -390,7 +400,7 @@ class Scheduler:
             self.waiting.remove(seq)  # only on abort; rare
         self.block_manager.free(seq.seq_id)
         self._prompt_chunk_caps.pop(seq.seq_id, None)
-        self._release_adapter(seq)
+        self._release_slots(seq)
         _, num_hashes = self._prefill_estimates.pop(seq.seq_id)
         for block_hash in seq.block_hashes[:num_hashes]:
             self._queued_hashes[block_hash] -= 1

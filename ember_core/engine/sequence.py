@@ -49,6 +49,8 @@ class Sequence:
     # A LoRA adapter the request runs with: its name (which keys its prefix hashes) and slot
     adapter: str = ""
     adapter_slot: int = -1
+    # A hybrid model's state slot while it runs (engine/state_slots.py); -1: none
+    state_slot: int = -1
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

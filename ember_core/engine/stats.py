@@ -8,11 +8,16 @@ import dataclasses
 from ember_core.cache.block_manager import BlockManager
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.speculator import Speculator
+from ember_core.engine.state_slots import StateSlots
 from ember_proto import EngineStats, StepSample
 
 
 def engine_stats(
-    scheduler: Scheduler, block_manager: BlockManager, speculator: Speculator | None, expert_tokens: list[list[int]]
+    scheduler: Scheduler,
+    block_manager: BlockManager,
+    speculator: Speculator | None,
+    expert_tokens: list[list[int]],
+    state_slots: StateSlots | None = None,
 ) -> EngineStats:
     return EngineStats(
         num_running=len(scheduler.running),
@@ -26,6 +31,8 @@ def engine_stats(
         expert_tokens=expert_tokens,
         preemptions_by_priority=dict(scheduler.preemptions_by_priority),
         **_speculation_counts(speculator),
+        num_state_slots_used=0 if state_slots is None else state_slots.num_slots - state_slots.num_free_slots,
+        num_state_slots_total=0 if state_slots is None else state_slots.num_slots,
     )
 
 

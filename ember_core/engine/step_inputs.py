@@ -48,6 +48,7 @@ def step_chunks(
                 num_prompt_tokens=seq.num_prompt_tokens,
                 pooled_rows=pooled_rows(seq, start, num_tokens),
                 adapter_slot=seq.adapter_slot,
+                state_slot=seq.state_slot,
             )
         )
     return chunks

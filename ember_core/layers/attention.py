@@ -22,6 +22,7 @@ from ember_core.kernels import cpu_ops
 from ember_core.layers.flex_decode import flex_decode_attention
 from ember_core.layers.kv_quant import is_quantized, quantize, widen
 from ember_core.layers.linear import SMALL_BATCH_ROWS
+from ember_core.layers.recurrent_batch import RecurrentBatch
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -75,6 +76,7 @@ class ForwardMetadata:
     # Per token, the length of its sequence's prompt: LongRoPE picks its table by it (models/rotary.py).
     prompt_lengths: torch.Tensor
     adapters: bool = False  # some rows run with a LoRA adapter (lora/slots.py)
+    states: RecurrentBatch | None = None  # a hybrid model's: each sequence's state slot
 
     @property
     def decodes_only_on_kernel(self) -> bool:

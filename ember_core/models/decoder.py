@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.activation import sigmoid_mul
 from ember_core.layers.attention import ForwardMetadata, PagedAttention
+from ember_core.layers.gated_delta_net import GatedDeltaNet
 from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
 from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
 from ember_core.layers.mlp import MLP
@@ -30,6 +32,9 @@ from ember_core.parallel.shards import DecoderShards
 from ember_core.parallel.split_norm import SplitRMSNorm
 
 _ATTENTION_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj")
+_LINEAR_ATTENTION_LINEARS = ("linear_attn.in_proj", "linear_attn.out_proj")
+# Norms whose checkpoint weight is w itself in a family whose other norms store w of (1 + w).
+_NORMS_WITHOUT_OFFSET = ("linear_attn.norm.weight",)
 _MLP_LINEARS = ("mlp.gate_up_proj", "mlp.down_proj")
 _SHARED_EXPERT_LINEARS = ("mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj")
 
@@ -43,7 +48,9 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.q_size, self.kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.gated = config.family.gated_attention
+        self.q_rows = 2 * self.q_size if self.gated else self.q_size  # a gated head's query, then its gate
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_rows + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         qk_norm = config.family.qk_norm
         self.q_norm = self.k_norm = None
@@ -69,6 +76,11 @@ class Attention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
+        gate = None
+        if self.gated:  # [query | gate] per head: the queries go in front of k and v as ungated models have them
+            query_gate = qkv[:, : self.q_rows].view(num_tokens, self.num_heads, 2, self.head_dim)
+            gate = query_gate[:, :, 1].reshape(num_tokens, self.q_size)
+            qkv = torch.cat([query_gate[:, :, 0].reshape(num_tokens, self.q_size), qkv[:, self.q_rows :]], dim=1)
         if self.q_norm is not None:
             for norm, start, heads in ((self.q_norm, 0, self.num_heads), (self.k_norm, self.q_size, self.num_kv_heads)):
                 columns = qkv[:, start : start + heads * self.head_dim]
@@ -76,7 +88,10 @@ class Attention(nn.Module):
         heads = qkv.view(num_tokens, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         apply_rope_(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)  # one rotation for q and k
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        return self.o_proj(self.attn(q, k, v, meta))
+        attended = self.attn(q, k, v, meta)
+        if gate is not None:
+            attended = sigmoid_mul(attended, gate)
+        return self.o_proj(attended)
 
 
 class DecoderLayer(nn.Module):
@@ -90,7 +105,13 @@ class DecoderLayer(nn.Module):
         for slot in NORM_SLOTS:
             norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
             setattr(self, f"{slot}_norm", norm)
-        self.self_attn = Attention(config, layer, shards)
+        self.self_attn: Attention | None = None
+        self.linear_attn: GatedDeltaNet | None = None
+        if layer.linear:
+            assert config.linear_attention is not None
+            self.linear_attn = GatedDeltaNet(config.linear_attention, config.hidden_size, config.rms_norm_eps)
+        else:
+            self.self_attn = Attention(config, layer, shards)
         self.mlp: MLP | SparseMoE
         if layer.sparse_mlp:
             self.mlp = SparseMoE(config.moe, config.hidden_size, config.activation)
@@ -100,16 +121,21 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
             meta.decodes_only_on_kernel
+            and self.fused_operands is not None
             and (not meta.adapters or self.fused_adapters is not None)
             and hidden.dtype in (torch.float32, torch.bfloat16)
             and hidden.shape[0] <= SMALL_BATCH_ROWS
-            and self.fused_operands is not None
         ):
             return self.forward_fused_(hidden, cos, sin, meta)
         return self.forward_modules(hidden, cos, sin, meta)
 
     def forward_modules(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
-        attention = self._summed(self.self_attn(_normed(self.attn_in_norm, hidden), cos, sin, meta))
+        mixer_in = _normed(self.attn_in_norm, hidden)
+        if self.linear_attn is not None:
+            assert meta.states is not None
+            attention = self.linear_attn(mixer_in, meta.states)
+        else:
+            attention = self._summed(self.self_attn(mixer_in, cos, sin, meta))
         hidden = hidden + _normed(self.attn_out_norm, attention)
         return hidden + _normed(self.mlp_out_norm, self._summed(self.mlp(_normed(self.mlp_in_norm, hidden))))
 
@@ -141,6 +167,8 @@ class DecoderLayer(nn.Module):
         step. The runner swaps the linears before the first step and loading copies into the same
         tensors, so they do not change afterwards."""
         attention = self.self_attn
+        if attention is None or attention.gated:  # decoder_layer_ knows neither a recurrent mixer nor a gate
+            return None
         operands = [kernel_operands(linear) for linear in self._fused_linears]
         if any(operand is None for operand in operands) or isinstance(attention.q_norm, SplitRMSNorm):
             return None
@@ -231,11 +259,14 @@ class Decoder(nn.Module):
         c = self.sizes
         if c.family.fused_checkpoint:
             return {}
-        q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q_rows, kv_rows = c.num_heads * c.head_dim * (2 if c.family.gated_attention else 1), c.num_kv_heads * c.head_dim
         shards = {
             "self_attn.qkv_proj": [("self_attn.q_proj", q_rows), ("self_attn.k_proj", kv_rows), ("self_attn.v_proj", kv_rows)],
             "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)],
         }
+        linear = next((layer.linear_attn for layer in self.layers if layer.linear_attn is not None), None)
+        if linear is not None:
+            shards["linear_attn.in_proj"] = [(f"linear_attn.{name}", rows) for name, rows in linear.input_rows()]
         if c.moe is not None and c.moe.shared_expert_size:
             size = c.moe.shared_expert_size
             shards["mlp.shared_expert.gate_up_proj"] = [("mlp.shared_expert.gate_proj", size), ("mlp.shared_expert.up_proj", size)]
@@ -248,7 +279,7 @@ class Decoder(nn.Module):
         shards = self.fused_shards()
         targets = []
         for index, layer in enumerate(self.layers):
-            paths = _ATTENTION_LINEARS
+            paths = _LINEAR_ATTENTION_LINEARS if layer.linear_attn is not None else _ATTENTION_LINEARS
             if isinstance(layer.mlp, MLP):
                 paths += _MLP_LINEARS
             elif layer.mlp.shared_expert is not None:
@@ -319,8 +350,11 @@ class Decoder(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight  # `to_empty` gave the head its own tensor
         slots = self._weight_slots()
         loaded: set[str] = set()
+        ignored = self.config.family.ignored_weights
         for name, tensor in weights:
-            name = name.removeprefix("model.")
+            if name.startswith(ignored):
+                continue
+            name = name.removeprefix("model.language_model.").removeprefix("model.")  # a multimodal checkpoint's, or not
             if name.endswith(IGNORED_WEIGHTS) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
                 continue  # a tied head saved anyway is the embedding again
             if name not in slots:
@@ -330,7 +364,7 @@ class Decoder(nn.Module):
                 target = param[rows]
                 if tensor.shape != target.shape:
                     raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-                if norm_offset and name.endswith("norm.weight"):
+                if norm_offset and name.endswith("norm.weight") and not name.endswith(_NORMS_WITHOUT_OFFSET):
                     tensor = tensor.float() + norm_offset
                 target.copy_(tensor)
             loaded.add(name)

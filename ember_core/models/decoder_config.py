@@ -20,7 +20,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
 }
-SLIDING, FULL = "sliding_attention", "full_attention"
+SLIDING, FULL, LINEAR = "sliding_attention", "full_attention", "linear_attention"
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,40 @@ class LayerSpec:
     sliding_window: int | None  # None: the layer attends to every earlier position
     rope: Rope
     sparse_mlp: bool = False  # the MLP is the config's mixture of experts
+    linear: bool = False  # the layer mixes tokens through the config's linear attention, not attention
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """A Gated DeltaNet's sizes: q and k heads (each serving num_value_heads / num_key_heads value
+    heads), their widths, and the causal convolution's kernel over the q/k/v projection."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(
+                f"linear_num_value_heads ({self.num_value_heads}) must be a multiple of linear_num_key_heads ({self.num_key_heads})"
+            )
+        if self.conv_kernel < 1:
+            raise ValueError(f"linear_conv_kernel_dim must be >= 1, got {self.conv_kernel}")
+
+    @property
+    def key_size(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_size(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_size(self) -> int:
+        """Channels of the convolution: q, k and v."""
+        return 2 * self.key_size + self.value_size
 
 
 @dataclass(frozen=True)
@@ -69,6 +103,7 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     moe: MoEConfig | None = None  # set when some layer has sparse_mlp
+    linear_attention: LinearAttentionConfig | None = None  # set when some layer is linear
     pooling: Pooling | None = None  # a GGUF file's <arch>.pooling_type (pooling.py reads the others')
 
     def __post_init__(self) -> None:
@@ -81,7 +116,15 @@ class DecoderConfig:
                 raise ValueError(f"layer {index}: sliding_window must be >= 1, got {layer.sliding_window}")
             if layer.sparse_mlp and self.moe is None:
                 raise ValueError(f"layer {index} has a mixture-of-experts MLP but the config describes no experts")
+            if layer.linear and self.linear_attention is None:
+                raise ValueError(f"layer {index} is a linear-attention layer but the config describes none")
+        if not any(not layer.linear for layer in self.layers):
+            raise ValueError("a model needs at least one attention layer")
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers keep a recurrent state per sequence instead of KV blocks."""
+        return self.linear_attention is not None
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -115,6 +158,7 @@ class DecoderConfig:
         window = cfg.get("sliding_window") or None
         moe = hf_moe_config(family, cfg)
         sparse = hf_sparse_layers(cfg) if moe is not None else [False] * len(layer_types)
+        linear = hf_linear_layers(family, cfg)
         if cfg.get("clip_qkv") is not None:
             raise ValueError(f"{family.name} checkpoints with clip_qkv are not supported (clip_qkv={cfg['clip_qkv']})")
         return cls(
@@ -127,8 +171,8 @@ class DecoderConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             intermediate_size=cfg["intermediate_size"],
             layers=tuple(
-                LayerSpec(window if kind == SLIDING else None, ropes[kind], sparse_layer)
-                for kind, sparse_layer in zip(layer_types, sparse)
+                LayerSpec(window if kind == SLIDING else None, ropes[kind], sparse_layer, linear_layer)
+                for kind, sparse_layer, linear_layer in zip(layer_types, sparse, linear)
             ),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             activation=ACTIVATIONS[activation],
@@ -142,6 +186,7 @@ class DecoderConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             moe=moe,
+            linear_attention=hf_linear_attention_config(cfg) if any(linear) else None,
         )
 
 
@@ -155,6 +200,31 @@ def hf_moe_config(family: Family, cfg: dict[str, Any]) -> MoEConfig | None:
         expert_size=cfg[family.experts.expert_size_key],
         normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
         shared_expert_size=cfg.get("shared_expert_intermediate_size") or 0,
+    )
+
+
+def hf_linear_layers(family: Family, cfg: dict[str, Any]) -> list[bool]:
+    """Which layers are linear attention: `layer_types`' "linear_attention" entries, in a family
+    that has them (Qwen3.5 writes them out; its config class derives them from full_attention_interval)."""
+    num_layers = cfg["num_hidden_layers"]
+    if not family.linear_attention:
+        return [False] * num_layers
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        interval = cfg.get("full_attention_interval") or 4
+        return [(index + 1) % interval != 0 for index in range(num_layers)]
+    if len(layer_types) != num_layers or not set(layer_types) <= {LINEAR, FULL}:
+        raise ValueError(f"config.json: layer_types must list {LINEAR!r} or {FULL!r} for each of the {num_layers} layers")
+    return [kind == LINEAR for kind in layer_types]
+
+
+def hf_linear_attention_config(cfg: dict[str, Any]) -> LinearAttentionConfig:
+    return LinearAttentionConfig(
+        num_key_heads=cfg["linear_num_key_heads"],
+        num_value_heads=cfg["linear_num_value_heads"],
+        key_head_dim=cfg["linear_key_head_dim"],
+        value_head_dim=cfg["linear_value_head_dim"],
+        conv_kernel=cfg["linear_conv_kernel_dim"],
     )
 
 

@@ -64,6 +64,15 @@ class Family:
     # Set for mixture-of-experts families: their MLPs (all, or as decoder_sparse_step and
     # mlp_only_layers say) route each token to a few experts.
     experts: ExpertStyle | None = None
+    # Attention multiplies its output by sigmoid of a gate that q_proj computes beside each head's
+    # query (q_proj's rows per head: query, then gate): Qwen3.5, Qwen3-Next.
+    gated_attention: bool = False
+    # Layers whose `layer_types` entry is "linear_attention" mix tokens through a recurrent state
+    # instead of attention (layers/gated_delta_net.py): Qwen3.5's Gated DeltaNet.
+    linear_attention: bool = False
+    # Checkpoint tensors of parts ember does not run: a multimodal checkpoint's vision tower, a
+    # multi-token-prediction head.
+    ignored_weights: tuple[str, ...] = ()
 
     def norm_name(self, slot: NormSlot) -> str | None:
         return dict(self.norms).get(slot)
@@ -119,6 +128,10 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_moe", _LLAMA_NORMS, qk_norm="head", window_layers="all_when_used",
                experts=ExpertStyle(), config_defaults=(*_QWEN_DEFAULTS, ("head_dim", 128))),
         Family("olmoe", _LLAMA_NORMS, qk_norm="projection", experts=ExpertStyle(expert_size_key="intermediate_size")),
+        # Qwen3.5's norms multiply by (1 + w), as Gemma's (the Gated DeltaNet's output norm excepted).
+        Family("qwen3_5_text", _LLAMA_NORMS, norm_weight_offset=1.0, qk_norm="head", gated_attention=True,
+               linear_attention=True, config_defaults=(("head_dim", 256), ("linear_conv_kernel_dim", 4)),
+               ignored_weights=("mtp.", "model.visual.")),
     )
 }  # fmt: skip
 

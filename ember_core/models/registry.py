@@ -15,19 +15,25 @@ from ember_core.parallel.gpt2_shards import GPT2Shards
 from ember_core.parallel.group import TensorParallel
 from ember_core.parallel.shards import DecoderShards
 
-SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES])
+# Multimodal checkpoints whose language model ember serves (text in, text out): config.json's
+# text_config describes it, and its weights are the checkpoint's model.language_model.*.
+LANGUAGE_MODEL_OF = {"qwen3_5": "qwen3_5_text"}
+SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES, *LANGUAGE_MODEL_OF])
 
 # config.json's sizes, in either architecture's spelling: each must be a positive integer.
 SIZE_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
     "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "decoder_sparse_step",
+    "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
 )  # fmt: skip
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
     """The model's config from config.json, its sizes checked; ValueError for what ember does not serve."""
+    if hf_config.get("model_type") in LANGUAGE_MODEL_OF:
+        hf_config = _language_model_config(hf_config)
     model_type = hf_config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
@@ -45,6 +51,15 @@ def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
         raise ValueError(f"config.json has no {exc.args[0]!r}, which a {model_type} model needs") from None
     except TypeError as exc:
         raise ValueError(f"config.json holds a value of the wrong type: {exc}") from None
+
+
+def _language_model_config(hf_config: dict[str, Any]) -> dict[str, Any]:
+    model_type = hf_config["model_type"]
+    text_config = hf_config.get("text_config")
+    if not isinstance(text_config, dict):
+        raise ValueError(f"config.json of a {model_type} model needs a text_config object")  # noqa: TRY004 - bad file content
+    tied = hf_config.get("tie_word_embeddings", text_config.get("tie_word_embeddings", False))
+    return {**text_config, "model_type": LANGUAGE_MODEL_OF[model_type], "tie_word_embeddings": tied}
 
 
 def model_for(config: DecoderConfig | GPT2Config, parallel: TensorParallel | None = None) -> nn.Module:

@@ -44,6 +44,7 @@ class SequenceChunk:
     num_prompt_tokens: int = 0  # of the request (LongRoPE's table depends on it); 0: only positions decide
     pooled_rows: tuple[int, int] | None = None  # [first, end) rows of the chunk an embedding request sums
     adapter_slot: int = -1  # the LoRA adapter its rows run with (lora/slots.py); -1: none
+    state_slot: int = -1  # a hybrid model's: the slot of its sequence's recurrent states
 
     @property
     def is_decode(self) -> bool:

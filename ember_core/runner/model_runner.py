@@ -15,11 +15,13 @@ from ember_core.layers.flex_decode import decode_block_mask
 from ember_core.layers.kv_quant import cache_row
 from ember_core.layers.linear import use_small_batch_linears
 from ember_core.layers.lora import AdapterRows
+from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.parallel.group import TensorParallel
 from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk, followers_view
 from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
 from ember_core.runner.sampler import sample, scored_tokens
+from ember_core.runner.state_pool import bind_state_pool, recurrent_layers
 from ember_proto import TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -34,9 +36,11 @@ class ModelRunner:
         kv_cache_dtype: torch.dtype | None = None,
         decode_attention: DecodeAttention = "auto",
         parallel: TensorParallel | None = None,
+        num_state_slots: int = 0,
     ) -> None:
         """parallel: the model is one tensor-parallel rank's part; the leader's execute sends each
-        step to the followers, whose follow runs it."""
+        step to the followers, whose follow runs it. num_state_slots: a hybrid model's state pool
+        (state_pool.py), one slot per sequence that may run at once."""
         use_small_batch_linears(model)
         self.model = model
         self.parallel = parallel
@@ -55,6 +59,9 @@ class ModelRunner:
             tuple(torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype) for _ in range(2))
             for _ in range(self.layout.layers_per_group)
         ]
+        self.is_hybrid = bool(recurrent_layers(model))
+        if self.is_hybrid:
+            bind_state_pool(model, num_state_slots, self.dtype, self.device)
         layers = attention_layers(model)
         for layer, (group, slot) in zip(layers, self.layout.placement):
             layer.kv_group = group
@@ -97,6 +104,11 @@ class ModelRunner:
             prompt_lengths.extend([chunk.num_prompt_tokens] * len(chunk.token_ids))
         groups = [self._group_metadata(chunks, group, window) for group, window in enumerate(self.layout.group_windows)]
         meta = ForwardMetadata(groups=groups, prompt_lengths=self._tensor(prompt_lengths))
+        if self.is_hybrid:
+            meta.states = RecurrentBatch.of(
+                [len(c.token_ids) for c in chunks], [c.state_slot for c in chunks], [c.start_position == 0 for c in chunks],
+                self.device,
+            )
         if self.adapter_rows is not None:
             self.adapter_rows.set([c.adapter_slot for c in chunks for _ in c.token_ids], self.device)
             meta.adapters = self.adapter_rows.active

@@ -105,7 +105,7 @@ class EngineWorker:
         self.block_map_sent = 0.0
         self.adapter_loads = AdapterLoads(engine)
         # KV events: the prefix cache's changes, batched per step, for the gateways' routing
-        self.kv_events = engine.config.enable_prefix_caching
+        self.kv_events = engine.scheduler.prefix_caching  # off for a hybrid model (no state checkpoints yet)
         self.kv_sequence = 0
         if self.kv_events:
             engine.block_manager.take_events()  # starts recording
@@ -128,6 +128,7 @@ class EngineWorker:
                 kv_cache_dtype=engine.kv_cache_dtype,
                 kv_cache_bytes=engine.kv_cache_bytes,
                 cpu_build=engine.loaded.cpu_build,
+                state_pool_bytes=engine.state_pool_bytes,
             ),
             block_size=engine.block_manager.block_size if self.kv_events else 0,
             step_token_budget=engine.scheduler.max_num_batched_tokens,

@@ -1,0 +1,34 @@
+"""A hybrid model's state pool, beside the KV pool: for every recurrent layer, each slot's
+convolution state (in the model's dtype) and recurrent state (float32, as the recurrence runs).
+A running sequence holds one slot (engine/state_slots.py) however long its context grows."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ember_core.layers.gated_delta_net import GatedDeltaNet
+
+
+def recurrent_layers(model: nn.Module) -> list[GatedDeltaNet]:
+    return [module for module in model.modules() if isinstance(module, GatedDeltaNet)]
+
+
+def state_bytes_per_slot(model: nn.Module, dtype: torch.dtype) -> int:
+    """What one slot costs across the model's recurrent layers; 0 for a model without any."""
+    element = torch.empty(0, dtype=dtype).element_size()
+    total = 0
+    for layer in recurrent_layers(model):
+        conv, recurrent = layer.state_shapes()
+        total += math.prod(conv) * element + math.prod(recurrent) * 4
+    return total
+
+
+def bind_state_pool(model: nn.Module, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every recurrent layer its states for num_slots slots, zeroed."""
+    for layer in recurrent_layers(model):
+        conv, recurrent = layer.state_shapes()
+        layer.conv_state = torch.zeros((num_slots, *conv), dtype=dtype, device=device)
+        layer.recurrent_state = torch.zeros((num_slots, *recurrent), dtype=torch.float32, device=device)

@@ -1,0 +1,162 @@
+"""Qwen3.5's hybrid decoder (Gated DeltaNet layers beside gated attention) against transformers' own
+class with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
+linear layers keep a recurrent state per sequence: batch, chunked prefill, block size and
+preemption never change a token or a logprob, in float32 and bfloat16; every state slot and block
+comes back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from ember_core import LLM, SamplingParams
+from ember_core.layers.gated_delta_net import GatedDeltaNet, _gated_delta_net_torch
+from ember_core.layers.recurrent_batch import RecurrentBatch
+from ember_core.loaders import load_model
+from ember_core.models.decoder_config import LinearAttentionConfig
+from tests.conftest import assert_pool_free
+from tests.families import COMMON, token_prompts
+
+# A layer pattern and shapes apart from Qwen3.5's own (one full-attention layer in four): value heads
+# twice the key heads, key and value heads of different widths, a convolution of 3.
+CONFIG = dict(
+    COMMON, num_hidden_layers=5, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+)  # fmt: skip
+PROMPT_LENGTHS = (1, 9, 70, 150)  # 150 > SMALL_BATCH_ROWS: that prompt's projections take the batched path
+MAX_TOKENS = 12
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
+    model_dir = tmp_path_factory.mktemp("qwen3_5")
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**CONFIG)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)
+                param.uniform_(0.5, 1.5)
+            elif "norm" in name:
+                param.uniform_(-0.5, 0.5)
+            elif name.endswith(("A_log", "dt_bias")):
+                param.uniform_(-1.0, 1.0)
+            else:
+                param.normal_(0.0, 0.15)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    return model_dir, model
+
+
+def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()
+
+
+def test_the_layer_pattern_loads_with_attention_layers_only_in_the_kv_pool(checkpoint) -> None:
+    model_dir, _ = checkpoint
+    model = load_model(str(model_dir), torch.device("cpu"), torch.float32).model
+    assert [layer.linear for layer in model.config.layers] == [kind == "linear_attention" for kind in CONFIG["layer_types"]]
+    llm = LLM(str(model_dir), num_blocks=64, block_size=4, device="cpu", dtype="float32", max_num_seqs=3)
+    assert llm.engine.runner.layout.layers_per_group == 2  # the two full-attention layers
+    assert llm.engine.state_slots.num_slots == 3
+
+
+def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
+    model_dir, hf_model = checkpoint
+    prompts = token_prompts(PROMPT_LENGTHS)
+    expected = [_transformers_greedy(hf_model, prompt) for prompt in prompts]
+    llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32")
+    alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
+    batched = [output.token_ids for output in llm.generate(prompts, GREEDY)]
+    assert alone == expected
+    assert batched == expected
+    assert_pool_free(llm)
+    assert llm.engine.state_slots.num_free_slots == llm.engine.state_slots.num_slots
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batch_chunks_block_size_and_preemption_change_no_token_or_logprob(checkpoint, dtype: str) -> None:
+    """A recurrent layer computes each token as a decode would: chunking a prompt, batching it with
+    others, or recomputing it after preemption keeps every logprob's bits."""
+    model_dir, _ = checkpoint
+    prompts = token_prompts((5, 17, 40, 60, 33), seed=99)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    plain = LLM(str(model_dir), num_blocks=512, block_size=16, device="cpu", dtype=dtype)
+    alone = [plain.generate([prompt], params)[0] for prompt in prompts]
+    assert len({tuple(output.token_ids) for output in alone}) == len(prompts)
+    # Blocks of 3, a pool that holds the longest request alone and a third more, prompts in chunks
+    # of at most 20 tokens, fewer state slots than requests.
+    squeezed = LLM(
+        str(model_dir), num_blocks=40, block_size=3, device="cpu", dtype=dtype, max_num_batched_tokens=20, max_num_seqs=3
+    )
+    outputs = squeezed.generate(prompts, params)
+    assert [output.token_ids for output in outputs] == [output.token_ids for output in alone]
+    assert [output.logprobs for output in outputs] == [output.logprobs for output in alone]
+    assert squeezed.stats().num_preemptions > 0, "the pool must be squeezed enough to preempt"
+    assert_pool_free(squeezed)
+    assert squeezed.engine.state_slots.num_free_slots == 3
+
+
+def test_the_torch_mixer_computes_what_the_kernel_does(checkpoint) -> None:
+    """Where ember's C++ op does not run (no toolchain, a GPU), the same steps in torch ops."""
+    config = LinearAttentionConfig(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=12, conv_kernel=3)
+    torch.manual_seed(3)
+    layer = GatedDeltaNet(config, hidden_size=32, eps=1e-6)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0.0, 0.3)
+    states = {}
+    for run in ("kernel", "torch"):
+        conv_shape, recurrent_shape = layer.state_shapes()
+        layer.conv_state = torch.randn(3, *conv_shape, generator=torch.Generator().manual_seed(1))
+        layer.recurrent_state = torch.randn(3, *recurrent_shape, generator=torch.Generator().manual_seed(2))
+        # A sequence continuing in slot 2, a fresh one in slot 0, a decode in slot 1.
+        batch = RecurrentBatch.of([5, 7, 1], [2, 0, 1], [False, True, False], torch.device("cpu"))
+        hidden = torch.randn(13, 32, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            projected = layer.in_proj(hidden).contiguous()
+            operands = (projected, layer.conv1d.weight.view(config.conv_size, -1), layer.A_log, layer.dt_bias,
+                        layer.norm.weight, layer.eps, layer.conv_state, layer.recurrent_state)
+            if run == "kernel":
+                from ember_core.kernels import cpu_ops
+
+                if not cpu_ops.is_available():
+                    pytest.skip("no C++ toolchain: only the torch mixer runs here")
+                out = cpu_ops.ops().gated_delta_net(*operands, batch.starts, batch.slots, batch.fresh, 2, 8, 12)
+            else:
+                out = _gated_delta_net_torch(config, *operands, batch)
+        states[run] = (out, layer.conv_state, layer.recurrent_state)
+    for kernel_tensor, torch_tensor in zip(states["kernel"], states["torch"]):
+        torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative decoding"),
+        (dict(kv_cache_mib=0.01), "state pool"),
+    ],
+)
+def test_what_a_hybrid_cannot_run_with_is_refused_in_one_line(checkpoint, flags: dict, message: str) -> None:
+    model_dir, _ = checkpoint
+    with pytest.raises(ValueError, match=message):
+        LLM(str(model_dir), device="cpu", dtype="float32", **flags)
+
+
+def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> None:
+    """Qwen3.5's releases are image-text checkpoints: config.json's text_config and the
+    model.language_model.* weights are the text model; the vision tower's weights are skipped."""
+    text = {key: value for key, value in CONFIG.items() if key not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=COMMON["hidden_size"])
+    torch.manual_seed(5)
+    hf_model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(text_config=text, vision_config=vision))
+    hf_model.eval().save_pretrained(tmp_path, safe_serialization=True)
+    prompt = token_prompts((11,), seed=7)[0]
+    llm = LLM(str(tmp_path), num_blocks=64, block_size=4, device="cpu", dtype="float32")
+    assert llm.generate([prompt], GREEDY)[0].token_ids == _transformers_greedy(hf_model, prompt)
