@@ -156,6 +156,7 @@ class ModelCard(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     # The CPU kernels' build ("avx2", "avx512", "avx512bf16", "amx"; "torch" without them): bfloat16
     # bits differ between builds. Empty: not a CPU, or the engine did not say.
     cpu_build: str = ""
+    state_pool_bytes: int = 0  # a hybrid model's recurrent states beside the KV cache; 0: none
 
 
 class Ready(_Message):
@@ -207,6 +208,9 @@ class EngineStats(msgspec.Struct, array_like=True, gc=False):
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_num_emitted_tokens: int = 0
+    # A hybrid model's state pool: slots held by running sequences, and all of them (0: no pool).
+    num_state_slots_used: int = 0
+    num_state_slots_total: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, gc=False):

@@ -38,7 +38,9 @@ needs_prometheus = pytest.mark.skipif(
     None in (PROMETHEUS, PROMTOOL), reason="prometheus / promtool not installed (make test installs them as root)"
 )
 # The pool's size and blocks are fixed for an engine's life: /metrics and the live dashboard show them.
-NOT_ON_DASHBOARD = {"ember_num_preemptions_by_priority_total", "ember_kv_cache_bytes", "ember_kv_cache_blocks"}
+NOT_ON_DASHBOARD = {
+    "ember_num_preemptions_by_priority_total", "ember_kv_cache_bytes", "ember_kv_cache_blocks", "ember_state_pool_bytes",
+}
 # A histogram's series; `_created` series are prometheus_client's start times, not shown.
 HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
 # What a tokenizer must skip to find metric names: strings, label matchers, ranges, label lists.

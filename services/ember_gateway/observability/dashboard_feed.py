@@ -31,6 +31,10 @@ class EngineView(Shape):
     num_blocks: int
     kv_cache_dtype: str  # "" where the engine did not say, as dtype, numerics and cpu_build
     kv_cache_bytes: int
+    # A hybrid model's state pool: its slots, those held, its size (0, 0, 0: none).
+    state_slots: int
+    state_slots_used: int
+    state_pool_bytes: int
     dtype: str
     numerics: str
     cpu_build: str
@@ -122,6 +126,9 @@ def _engine_view(client: EngineClient) -> EngineView:
         num_blocks=client.stats.num_kv_blocks_total,
         kv_cache_dtype=client.model.card.kv_cache_dtype,
         kv_cache_bytes=client.model.card.kv_cache_bytes,
+        state_slots=client.stats.num_state_slots_total,
+        state_slots_used=client.stats.num_state_slots_used,
+        state_pool_bytes=client.model.card.state_pool_bytes,
         dtype=client.model.card.dtype,
         numerics=client.model.card.numerics,
         cpu_build=client.model.card.cpu_build,

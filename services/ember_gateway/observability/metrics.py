@@ -71,6 +71,15 @@ class _PoolCollector(Collector):
         )
         kv_bytes = GaugeMetricFamily("ember_kv_cache_bytes", "Bytes of the engine's KV cache pool.", labels=labels)
         kv_blocks = GaugeMetricFamily("ember_kv_cache_blocks", "Blocks of the engine's KV cache pool.", labels=labels)
+        state_usage = GaugeMetricFamily(
+            "ember_state_slot_usage_perc",
+            "Fraction of a hybrid model's state slots (one per running sequence) in use (0..1); 0 without a state pool.",
+            labels=labels,
+        )
+        state_slots = GaugeMetricFamily(
+            "ember_state_slots", "Slots of a hybrid model's state pool (0: the model keeps no recurrent state).", labels=labels
+        )
+        state_bytes = GaugeMetricFamily("ember_state_pool_bytes", "Bytes of a hybrid model's state pool.", labels=labels)
         speculation = {
             field: CounterMetricFamily(f"ember_spec_decode_{field.removeprefix('spec_')}", help_text, labels=labels)
             for field, help_text in _SPECULATION_COUNTERS.items()
@@ -83,6 +92,9 @@ class _PoolCollector(Collector):
                 adapters.add_metric([adapter, engine.address, engine.model_name], 1)
             kv_bytes.add_metric(key, engine.card.kv_cache_bytes)
             kv_blocks.add_metric(key, stats.num_kv_blocks_total)
+            state_usage.add_metric(key, stats.num_state_slots_used / max(stats.num_state_slots_total, 1))
+            state_slots.add_metric(key, stats.num_state_slots_total)
+            state_bytes.add_metric(key, card.state_pool_bytes)
             for field, family in speculation.items():
                 family.add_metric(key, getattr(stats, field))
             running.add_metric(key, stats.num_running)
@@ -113,7 +125,7 @@ class _PoolCollector(Collector):
                 for expert, count in enumerate(counts):
                     expert_tokens.add_metric([engine.model_name, engine.address, str(layer), str(expert)], count)
         yield from (
-            running, waiting, queued_tokens, kv_usage, kv_bytes, kv_blocks, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
+            running, waiting, queued_tokens, kv_usage, kv_bytes, kv_blocks, state_usage, state_slots, state_bytes, preemptions, preemptions_by_priority, prefix_queries, prefix_hits,
             routing, migrations, expert_tokens, model_info, adapters, *speculation.values(),
         )
 

@@ -157,7 +157,10 @@ function showEngine(engine) {
   // What the engine's bits depend on besides the requests: two engines that differ here answer differently.
   const bits = [engine.dtype, engine.numerics && `${engine.numerics} numerics`, engine.cpu_build && `${engine.cpu_build} build`]
     .filter(Boolean).join(", ");
-  find(".model").textContent = `${engine.model}${bits ? ` (${bits})` : ""} · ${engine.num_blocks} blocks${cache} · `
+  // A hybrid model's recurrent layers keep one state slot per running sequence beside the blocks.
+  const states = engine.state_slots
+    ? ` · ${engine.state_slots_used}/${engine.state_slots} state slots (${(engine.state_pool_bytes / 2 ** 20).toFixed(0)} MiB)` : "";
+  find(".model").textContent = `${engine.model}${bits ? ` (${bits})` : ""} · ${engine.num_blocks} blocks${cache}${states} · `
     + `engine ${engine.engine_id.slice(0, 8)}`;
   find(".state").textContent = engine.accepting ? "" : "· not taking requests";
   find(".num-running").textContent = engine.running.length;
