@@ -37,6 +37,8 @@ inline float as_model(float x) {
 
 struct Sizes {
   int64_t num_key_heads, num_value_heads, key_dim, value_dim, kernel;
+  bool tiled;  // value head h reads q/k head h % num_key_heads (llama.cpp's order), else h / group
+  int64_t key_head(int64_t h) const { return tiled ? h % num_key_heads : h / (num_value_heads / num_key_heads); }
   int64_t key_size() const { return num_key_heads * key_dim; }
   int64_t value_size() const { return num_value_heads * value_dim; }
   int64_t conv_size() const { return 2 * key_size() + value_size(); }
@@ -92,12 +94,11 @@ template <typename T>
 void recur(const T* projected, const float* convolved, const T* a_log, const T* dt_bias, float* recurrent_state,
            float* core, const Sizes& s, const Batch& b) {
   const int64_t heads = s.num_value_heads, dk = s.key_dim, dv = s.value_dim, channels = s.conv_size(), row = s.row();
-  const int64_t group = heads / s.num_key_heads;
   const float query_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   at::parallel_for(0, b.sequences * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q(dk), k(dk), kv(dv), delta(dv);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / heads, h = item % heads, key_head = h / group;
+      const int64_t seq = item / heads, h = item % heads, key_head = s.key_head(h);
       const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
       float* state = recurrent_state + (b.slots[seq] * heads + h) * dk * dv;
       if (b.fresh[seq])
@@ -179,7 +180,7 @@ at::Tensor gated_delta_net(const at::Tensor& projected, const at::Tensor& conv_w
                            const at::Tensor& dt_bias, const at::Tensor& norm_weight, double eps,
                            const at::Tensor& conv_state, const at::Tensor& recurrent_state, const at::Tensor& starts,
                            const at::Tensor& slots, const at::Tensor& fresh, int64_t num_key_heads, int64_t key_dim,
-                           int64_t value_dim) {
+                           int64_t value_dim, bool tiled_value_heads) {
   const auto dtype = projected.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "gated_delta_net: float32 or bfloat16, got ", dtype);
   for (const at::Tensor* t : {&conv_weight, &a_log, &dt_bias, &norm_weight, &conv_state})
@@ -190,7 +191,7 @@ at::Tensor gated_delta_net(const at::Tensor& projected, const at::Tensor& conv_w
               "gated_delta_net: recurrent_state must be a contiguous float32 [slots, heads, key_dim, value_dim]");
   TORCH_CHECK(starts.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && fresh.scalar_type() == at::kBool,
               "gated_delta_net: starts and slots int64, fresh bool");
-  const Sizes s{num_key_heads, recurrent_state.size(1), key_dim, value_dim, conv_weight.size(1)};
+  const Sizes s{num_key_heads, recurrent_state.size(1), key_dim, value_dim, conv_weight.size(1), tiled_value_heads};
   TORCH_CHECK(projected.size(1) == s.row() && conv_weight.size(0) == s.conv_size() && recurrent_state.size(2) == key_dim &&
                   recurrent_state.size(3) == value_dim && conv_state.size(1) == s.conv_size() &&
                   conv_state.size(2) == s.kernel - 1 && s.num_value_heads % num_key_heads == 0,
@@ -209,7 +210,7 @@ TORCH_LIBRARY_FRAGMENT(EMBER_OPS, m) {
   m.def(
       "gated_delta_net(Tensor projected, Tensor conv_weight, Tensor a_log, Tensor dt_bias, Tensor norm_weight, "
       "float eps, Tensor(a!) conv_state, Tensor(b!) recurrent_state, Tensor starts, Tensor slots, Tensor fresh, "
-      "int num_key_heads, int key_dim, int value_dim) -> Tensor");
+      "int num_key_heads, int key_dim, int value_dim, bool tiled_value_heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(EMBER_OPS, CPU, m) { m.impl("gated_delta_net", &ember::gated_delta_net); }

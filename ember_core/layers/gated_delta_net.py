@@ -7,7 +7,7 @@ exp(-exp(A_log) * softplus(a + dt_bias))). Per value head, the state S [key_dim,
 decays, takes the delta rule's correction of what it recalls for k, and answers q:
     S = S * decay;  S += k (beta (v - S^T k))^T;  o = S^T q
 (q and k l2-normalised per head, q scaled by key_dim^-1/2; each q/k head serves
-num_value_heads / num_key_heads value heads). o goes through an RMSNorm gated by silu(z) and the
+num_value_heads / num_key_heads value heads, grouped or tiled). o goes through an RMSNorm gated by silu(z) and the
 output projection.
 
 The state pool (runner) gives every layer its tensors: the convolution's last inputs and S for
@@ -64,7 +64,8 @@ class GatedDeltaNet(nn.Module):
         c = self.config
         if projected.is_cpu and projected.dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available():
             mixed = cpu_ops.ops().gated_delta_net(
-                *operands, batch.starts, batch.slots, batch.fresh, c.num_key_heads, c.key_head_dim, c.value_head_dim
+                *operands, batch.starts, batch.slots, batch.fresh, c.num_key_heads, c.key_head_dim, c.value_head_dim,
+                c.tiled_value_heads,
             )
         else:
             mixed = _gated_delta_net_torch(c, *operands, batch)
@@ -110,7 +111,10 @@ def _gated_delta_net_torch(
             q, k, v = convolved.split([c.key_size, c.key_size, c.value_size])
             q = _l2_normalised(q.view(c.num_key_heads, -1)) * c.key_head_dim**-0.5
             k = _l2_normalised(k.view(c.num_key_heads, -1))
-            q, k = q.repeat_interleave(group, dim=0), k.repeat_interleave(group, dim=0)
+            if c.tiled_value_heads:
+                q, k = q.repeat(group, 1), k.repeat(group, 1)
+            else:
+                q, k = q.repeat_interleave(group, dim=0), k.repeat_interleave(group, dim=0)
             b, a = row[gates_start : gates_start + heads].float(), row[gates_start + heads :].float()
             decay = torch.exp(-torch.exp(a_log.float()) * F.softplus(a + dt_bias.float()))
             state.mul_(decay[:, None, None])

@@ -7,7 +7,7 @@ from typing import Any
 import gguf
 
 from ember_core.loaders.gguf_tensors import ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS, dequantize
-from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, MoEConfig
+from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, LinearAttentionConfig, MoEConfig
 from ember_core.models.family import FAMILIES, GGUF_ARCHITECTURES, Family
 from ember_core.models.rotary import Rope, RopeScaling
 from ember_core.pooling import GGUF_POOLING_TYPES
@@ -57,7 +57,8 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         return metadata(reader, f"{architecture}.{key}", default)
 
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    hidden, num_layers = value("embedding_length"), value("block_count")
+    # block_count counts a multi-token-prediction block after the model's layers (Qwen3.5's files).
+    hidden, num_layers = value("embedding_length"), value("block_count") - value("nextn_predict_layers", 0)
     num_heads = value("attention.head_count")
     head_dim = value("attention.key_length", hidden // num_heads)
     context_length = value("context_length")
@@ -72,8 +73,11 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
     slides = _sliding_layers(reader, architecture, num_layers)
     moe = _moe_config(reader, architecture, tensors)
     sparse = [f"blk.{index}.ffn_gate_inp.weight" in tensors for index in range(num_layers)]
+    linear_attention = _linear_attention_config(reader, architecture) if family.linear_attention else None
+    linear = _recurrent_layers(reader, architecture, num_layers) if linear_attention else [False] * num_layers
     layers = tuple(
-        LayerSpec(window if window and sliding else None, rope, sparse_mlp) for sliding, sparse_mlp in zip(slides, sparse)
+        LayerSpec(window if window and sliding else None, rope, sparse_mlp, linear_layer)
+        for sliding, sparse_mlp, linear_layer in zip(slides, sparse, linear)
     )
     if architecture in _LOCAL_ROPE_BASE:
         local = Rope(rope.head_dim, rope.rotary_dim, float(value("rope.freq_base_swa", _LOCAL_ROPE_BASE[architecture])))
@@ -106,7 +110,38 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id", None),
         moe=moe,
         pooling=GGUF_POOLING_TYPES.get(value("pooling_type", 0)),
+        linear_attention=linear_attention,
     )
+
+
+def _linear_attention_config(reader: gguf.GGUFReader, architecture: str) -> LinearAttentionConfig:
+    """A Gated DeltaNet's sizes as llama.cpp's qwen35 reads them: ssm.group_count q/k heads of
+    ssm.state_size, ssm.time_step_rank value heads sharing ssm.inner_size, value heads tiled."""
+
+    def value(key: str) -> Any:
+        return metadata(reader, f"{architecture}.ssm.{key}")
+
+    num_value_heads = value("time_step_rank")
+    return LinearAttentionConfig(
+        num_key_heads=value("group_count"),
+        num_value_heads=num_value_heads,
+        key_head_dim=value("state_size"),
+        value_head_dim=value("inner_size") // num_value_heads,
+        conv_kernel=value("conv_kernel"),
+        tiled_value_heads=True,
+    )
+
+
+def _recurrent_layers(reader: gguf.GGUFReader, architecture: str, num_layers: int) -> list[bool]:
+    """attention.recurrent_layers' flag per layer, else all but every full_attention_interval-th."""
+    field = reader.fields.get(f"{architecture}.attention.recurrent_layers")
+    if field is not None:
+        flags = [bool(flag) for flag in field.contents()]
+        if len(flags) < num_layers:
+            raise ValueError(f"attention.recurrent_layers lists {len(flags)} layers, the model has {num_layers}")
+        return flags[:num_layers]
+    interval = metadata(reader, f"{architecture}.full_attention_interval", 4)
+    return [(index + 1) % interval != 0 for index in range(num_layers)]
 
 
 def _moe_config(reader: gguf.GGUFReader, architecture: str, tensors: dict) -> MoEConfig | None:

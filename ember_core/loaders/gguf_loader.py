@@ -18,7 +18,7 @@ from ember_core.kernels import cpu_ops
 from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_config import decoder_config_from_gguf
-from ember_core.loaders.gguf_tensors import iter_gguf_weights
+from ember_core.loaders.gguf_tensors import iter_gguf_weights, model_tensors
 from ember_core.loaders.materialize import materialize
 from ember_core.models.decoder import Decoder
 from ember_core.numerics import ResolvedNumerics, resolve_numerics
@@ -60,17 +60,18 @@ def load_gguf(
     except (ValueError, IndexError, KeyError, OverflowError) as exc:  # what gguf's parser raises on bad bytes
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {exc}") from None
     config = decoder_config_from_gguf(reader)
+    tensors = model_tensors(reader.tensors, config)
     take = None if parallel is None else DecoderShards(config, parallel).take
     tokenizer = tokenizer_from_gguf(reader)
     keeps_blocks = keep_blocks and device.type == "cpu" and cpu_ops.is_available()
-    runs_blocks = keeps_blocks and _holds_quantized_weights(reader.tensors)
+    runs_blocks = keeps_blocks and _holds_quantized_weights(tensors)
     numerics = resolve_numerics(numerics, runs_blocks, device, dtype)
     dtype = resolved_dtype(dtype, numerics, "gguf-blocks" if runs_blocks else "dense")
     # llama.cpp's converter stores Gemma's norms as the (1 + w) they multiply by.
-    weights = iter_gguf_weights(reader.tensors, config, dtype, take)
+    weights = iter_gguf_weights(tensors, config, dtype, take)
     model = materialize(lambda: Decoder(config, parallel), weights, device, dtype, norm_offset=0.0)
     if keeps_blocks and dtype in (torch.float32, torch.bfloat16):
-        replaced = keep_gguf_blocks(model, reader.tensors)
+        replaced = keep_gguf_blocks(model, tensors)
         logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
     return model, tokenizer, numerics
 

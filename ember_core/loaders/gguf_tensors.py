@@ -39,13 +39,26 @@ LAYER_NAMES = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# A Gated DeltaNet layer's tensors (llama.cpp's qwen35): its input projections, convolution, decay
+# (ssm_a: -exp(A_log)), dt bias, gated norm and output projection.
+LINEAR_ATTENTION_NAMES = {
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_out": "linear_attn.out_proj",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+}
+# Its two vectors stored without the checkpoint's kind: blk.N.ssm_a, blk.N.ssm_dt.bias.
+LINEAR_ATTENTION_VECTORS = {"ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias"}
 # A sparse layer's experts, stacked [experts, rows, columns]: each expert's gate, up, down projection.
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # RoPE tables, read into the config, not weights.
 ROPE_FREQS = "rope_freqs.weight"
 ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 NOT_WEIGHTS = (ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT)
-LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+?)(?:\.(weight|bias))?")
 
 
 def hf_name(gguf_name: str, family: Family) -> str:
@@ -56,7 +69,13 @@ def hf_name(gguf_name: str, family: Family) -> str:
     name = None
     if match is not None:
         tensor = match[2]
-        if tensor in NORM_TENSORS:
+        if family.linear_attention and tensor in LINEAR_ATTENTION_VECTORS:
+            return f"model.layers.{match[1]}.{LINEAR_ATTENTION_VECTORS[tensor]}"
+        if family.linear_attention and tensor in LINEAR_ATTENTION_NAMES:
+            name = LINEAR_ATTENTION_NAMES[tensor]
+        elif tensor == "post_attention_norm":
+            name = family.norm_name(family.gguf_post_attention_norm)
+        elif tensor in NORM_TENSORS:
             name = family.norm_name(NORM_TENSORS[tensor])
         elif tensor == "ffn_up":  # Phi-3's holds the gate's rows and the up projection's
             name = "mlp.gate_up_proj" if family.fused_checkpoint else "mlp.up_proj"
@@ -66,7 +85,7 @@ def hf_name(gguf_name: str, family: Family) -> str:
             name = f"{family.experts.block}.experts.{family.experts.projections[EXPERT_TENSORS.index(tensor)]}"
         else:
             name = LAYER_NAMES.get(tensor)
-    if name is None:
+    if name is None or match[3] is None:
         raise ValueError(f"unexpected tensor {gguf_name!r} in a {family.name} GGUF file")
     return f"model.layers.{match[1]}.{name}.{match[3]}"
 
@@ -102,6 +121,17 @@ def in_hf_row_order(hf_tensor_name: str, rows: torch.Tensor, config: DecoderConf
     return rows
 
 
+def model_tensors(tensors: list[ReaderTensor], config: DecoderConfig) -> list[ReaderTensor]:
+    """The tensors of the layers ember runs: not those of a multi-token-prediction block, which
+    llama.cpp's converter appends after the model's layers (nextn_predict_layers)."""
+    kept = []
+    for tensor in tensors:
+        match = LAYER_TENSOR.fullmatch(tensor.name)
+        if match is None or int(match[1]) < config.num_layers:
+            kept.append(tensor)
+    return kept
+
+
 def iter_gguf_weights(
     tensors: list[ReaderTensor], config: DecoderConfig, dtype: torch.dtype, take: Take | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -112,6 +142,10 @@ def iter_gguf_weights(
             continue
         name = hf_name(tensor.name, config.family)
         values = in_hf_row_order(name, dequantize(tensor), config)
+        if name.endswith(".A_log"):  # the file holds the decay rate -exp(A_log)
+            values = torch.log(-values)
+        elif name.endswith(".conv1d.weight"):  # [channels, kernel], Conv1d's [channels, 1, kernel]
+            values = values.unsqueeze(1)
         if ".experts." in name:  # one checkpoint tensor per expert, as Hugging Face stores them
             parts = [(name.replace(".experts.", f".experts.{expert}."), part) for expert, part in enumerate(values)]
         elif name.endswith("shared_expert_gate.weight"):  # llama.cpp stores its one row as a vector

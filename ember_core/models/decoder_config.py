@@ -41,6 +41,9 @@ class LinearAttentionConfig:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    # Which q/k head value head h reads: h // (num_value_heads / num_key_heads) as Hugging Face
+    # checkpoints group them, or h % num_key_heads as llama.cpp's converter reorders them (tiled).
+    tiled_value_heads: bool = False
 
     def __post_init__(self) -> None:
         if self.num_value_heads % self.num_key_heads:

@@ -73,6 +73,9 @@ class Family:
     # Checkpoint tensors of parts ember does not run: a multimodal checkpoint's vision tower, a
     # multi-token-prediction head.
     ignored_weights: tuple[str, ...] = ()
+    # The slot of llama.cpp's post_attention_norm tensor: a norm after attention (Gemma, OLMo 2), or
+    # the MLP's input norm where the converter names Qwen3.5's post_attention_layernorm so.
+    gguf_post_attention_norm: NormSlot = "attn_out"
 
     def norm_name(self, slot: NormSlot) -> str | None:
         return dict(self.norms).get(slot)
@@ -131,7 +134,7 @@ FAMILIES: dict[str, Family] = {
         # Qwen3.5's norms multiply by (1 + w), as Gemma's (the Gated DeltaNet's output norm excepted).
         Family("qwen3_5_text", _LLAMA_NORMS, norm_weight_offset=1.0, qk_norm="head", gated_attention=True,
                linear_attention=True, config_defaults=(("head_dim", 256), ("linear_conv_kernel_dim", 4)),
-               ignored_weights=("mtp.", "model.visual.")),
+               ignored_weights=("mtp.", "model.visual."), gguf_post_attention_norm="mlp_in"),
     )
 }  # fmt: skip
 
@@ -147,4 +150,5 @@ GGUF_ARCHITECTURES: dict[str, Family] = {
     "gemma3": FAMILIES["gemma3_text"],
     "phi3": FAMILIES["phi3"],
     "olmo2": FAMILIES["olmo2"],
+    "qwen35": FAMILIES["qwen3_5_text"],
 }

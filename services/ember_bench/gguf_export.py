@@ -40,8 +40,11 @@ _UNUSED_SUFFIXES = (
 )
 _CONV1D_WEIGHTS = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 # convert_hf_to_gguf.py keeps these in F32 whatever the file type (the routers: they are small and
-# decide which experts run).
-_UNQUANTIZED = (gguf.MODEL_TENSOR.POS_EMBD, gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP)
+# decide which experts run; a recurrent layer's convolution).
+_UNQUANTIZED = (
+    gguf.MODEL_TENSOR.POS_EMBD, gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP,
+    gguf.MODEL_TENSOR.SSM_CONV1D,
+)
 # A Hugging Face checkpoint's one expert's projection: convert_hf_to_gguf.py stacks the experts of a
 # layer into one [experts, rows, columns] tensor.
 _EXPERT_TENSOR = re.compile(r"(model\.layers\.\d+\.\w+\.experts)\.(\d+)\.(\w+)\.weight")
@@ -114,7 +117,7 @@ def plan_tensors(
         if expert := _EXPERT_TENSOR.fullmatch(hf_name):
             experts.setdefault(f"{expert[1]}.{expert[3]}.weight", []).append((int(expert[2]), path, hf_name))
             continue
-        kind, name = gguf_name(hf_name, name_map, dense_names, family)
+        kind, name = gguf_name(family.rename(hf_name), name_map, dense_names, family)
         shape = tuple(transform(hf_name, torch.empty(shape, device="meta"), config, family).shape)
         qtype = _tensor_type(name, kind, shape, default_qtype)
         plan.append(PlannedTensor(name, qtype, shape, _loader(path, hf_name, config, family)))
@@ -180,6 +183,8 @@ def transform(hf_name: str, data: torch.Tensor, config: Config, family: GGUFFami
         data = data + family.norm_shift
     if family.conv1d_weights and hf_name.endswith(_CONV1D_WEIGHTS):
         data = data.T
+    if family.reshape_tensor is not None:
+        data = family.reshape_tensor(hf_name, data, config)
     return data.contiguous()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import gguf
 import numpy as np
+import torch
 
 from ember_bench.families import FAMILIES
 
@@ -31,6 +32,9 @@ class GGUFFamily:
     conv1d_weights: bool = False  # GPT-2 stores linear weights [in, out]
     output_must_be_tied: bool = False  # llama.cpp's gemma2 always reuses token_embd as the output
     extra_tensors: Callable[[Config], list[tuple[str, np.ndarray]]] = field(default=lambda config: [])
+    # A family's own tensor changes after the ones above (checkpoint name, float32 values, config).
+    reshape_tensor: Callable[[str, torch.Tensor, Config], torch.Tensor] | None = None
+    rename: Callable[[str], str] = field(default=lambda name: name)  # a checkpoint name the name map lacks
 
 
 def rope_parameters(config: Config) -> Config:
@@ -237,6 +241,55 @@ def _gpt2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
     writer.add_layer_norm_eps(config["layer_norm_epsilon"])
 
 
+def _qwen35_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    """Qwen3_5TextModel's keys: the Gated DeltaNet's sizes as ssm.*, which layers are recurrent, the
+    partial rotary and the MRoPE sections (text positions make every section turn alike)."""
+    _decoder_hparams(config, writer)
+    writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    writer.add_ssm_state_size(config["linear_key_head_dim"])
+    writer.add_ssm_group_count(config["linear_num_key_heads"])
+    writer.add_ssm_time_step_rank(config["linear_num_value_heads"])
+    writer.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
+    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35]
+    writer.add_array(f"{arch}.attention.recurrent_layers", [kind == "linear_attention" for kind in config["layer_types"]])
+    writer.add_full_attention_interval(config.get("full_attention_interval", 4))
+    writer.add_rope_dimension_count(int(head_dim(config) * rope_parameters(config).get("partial_rotary_factor", 0.25)))
+    writer.add_rope_dimension_sections([11, 11, 10, 0])
+
+
+def _tiled_value_heads(data: torch.Tensor, dim: int, config: Config, head_size: int) -> torch.Tensor:
+    """Value heads along dim from grouped by key head [k0: v0 v1, k1: v0 v1] to the tiled order the
+    converter writes for ggml's broadcast [k0 v0, k1 v0, k0 v1, k1 v1]."""
+    num_key_heads, num_value_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if num_key_heads == num_value_heads:
+        return data
+    shape = list(data.shape)
+    grouped = data.reshape(*shape[:dim], num_key_heads, num_value_heads // num_key_heads, head_size, *shape[dim + 1 :])
+    return grouped.transpose(dim, dim + 1).reshape(shape)
+
+
+def _qwen35_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Tensor:
+    """_LinearAttentionVReorderBase and Qwen3NextModel.modify_tensors: norms stored as the (1 + w) they
+    scale by (the Gated DeltaNet's own norm as w), -exp(A_log), the convolution as [channels,
+    kernel], and every value-head axis tiled."""
+    value_dim, key_size = config["linear_value_head_dim"], config["linear_key_head_dim"] * config["linear_num_key_heads"]
+    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        return data + 1
+    if hf_name.endswith(".A_log"):
+        return _tiled_value_heads(-torch.exp(data), 0, config, 1)
+    if hf_name.endswith((".dt_bias", ".in_proj_b.weight", ".in_proj_a.weight")):
+        return _tiled_value_heads(data, 0, config, 1)
+    if hf_name.endswith(".in_proj_z.weight"):
+        return _tiled_value_heads(data, 0, config, value_dim)
+    if hf_name.endswith(".out_proj.weight"):
+        return _tiled_value_heads(data, 1, config, value_dim)
+    if hf_name.endswith(".conv1d.weight"):  # [channels, 1, kernel] -> [channels, kernel]
+        data = data.squeeze(1)
+    if hf_name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):  # q and k rows stay, v rows tile
+        return torch.cat([data[: 2 * key_size], _tiled_value_heads(data[2 * key_size :], 0, config, value_dim)])
+    return data
+
+
 _LLAMA = GGUFFamily(gguf.MODEL_ARCH.LLAMA, _llama_hparams, permute_qk=True, extra_tensors=_llama3_rope_freqs)
 
 # family (ember_bench.families) -> how its GGUF is written
@@ -255,8 +308,14 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
     "phi3": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),
     "gpt2": GGUFFamily(gguf.MODEL_ARCH.GPT2, _gpt2_hparams, conv1d_weights=True),
 }
-# config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written
-_BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()}
+# config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written;
+# the hybrid Qwen3.5 besides (its tests are tests/core/models/test_hybrid.py's, not the family table's).
+_BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()} | {
+    "Qwen3_5ForCausalLM": GGUFFamily(
+        gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor,
+        rename=lambda name: name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias"),
+    ),
+}
 
 
 def family_of(config: Config) -> GGUFFamily:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from ember_bench.gguf_export import export_gguf
 from ember_core import LLM, SamplingParams
 from ember_core.layers.gated_delta_net import GatedDeltaNet, _gated_delta_net_torch
 from ember_core.layers.recurrent_batch import RecurrentBatch
@@ -103,9 +104,13 @@ def test_batch_chunks_block_size_and_preemption_change_no_token_or_logprob(check
     assert squeezed.engine.state_slots.num_free_slots == 3
 
 
-def test_the_torch_mixer_computes_what_the_kernel_does(checkpoint) -> None:
-    """Where ember's C++ op does not run (no toolchain, a GPU), the same steps in torch ops."""
-    config = LinearAttentionConfig(num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=12, conv_kernel=3)
+@pytest.mark.parametrize("tiled", [False, True], ids=["grouped", "tiled"])
+def test_the_torch_mixer_computes_what_the_kernel_does(tiled: bool) -> None:
+    """Where ember's C++ op does not run (no toolchain, a GPU), the same steps in torch ops; value
+    heads grouped by key head (Hugging Face's order) or tiled (llama.cpp's)."""
+    config = LinearAttentionConfig(
+        num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=12, conv_kernel=3, tiled_value_heads=tiled
+    )
     torch.manual_seed(3)
     layer = GatedDeltaNet(config, hidden_size=32, eps=1e-6)
     with torch.no_grad():
@@ -128,7 +133,7 @@ def test_the_torch_mixer_computes_what_the_kernel_does(checkpoint) -> None:
 
                 if not cpu_ops.is_available():
                     pytest.skip("no C++ toolchain: only the torch mixer runs here")
-                out = cpu_ops.ops().gated_delta_net(*operands, batch.starts, batch.slots, batch.fresh, 2, 8, 12)
+                out = cpu_ops.ops().gated_delta_net(*operands, batch.starts, batch.slots, batch.fresh, 2, 8, 12, tiled)
             else:
                 out = _gated_delta_net_torch(config, *operands, batch)
         states[run] = (out, layer.conv_state, layer.recurrent_state)
@@ -160,3 +165,33 @@ def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> No
     prompt = token_prompts((11,), seed=7)[0]
     llm = LLM(str(tmp_path), num_blocks=64, block_size=4, device="cpu", dtype="float32")
     assert llm.generate([prompt], GREEDY)[0].token_ids == _transformers_greedy(hf_model, prompt)
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], transformers.PreTrainedModel]:
+    """A checkpoint as llama.cpp's converter writes it (byte for byte, checked against its
+    convert_hf_to_gguf.py): q/k and value heads of one width, as llama.cpp requires, value heads
+    tiled, the decay as -exp(A_log)."""
+    model_dir = tmp_path_factory.mktemp("qwen35_gguf")
+    torch.manual_seed(1)
+    hf_model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**CONFIG, "linear_key_head_dim": 12})).eval()
+    with torch.no_grad():
+        for name, param in hf_model.named_parameters():
+            param.uniform_(-0.5, 0.5) if "norm" in name or name.endswith(("A_log", "dt_bias")) else param.normal_(0.0, 0.15)
+    hf_model.save_pretrained(model_dir, safe_serialization=True)
+    return {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}, hf_model
+
+
+@pytest.mark.parametrize("kind", ["F32", "Q8_0"])
+def test_a_gguf_file_gives_transformers_tokens_from_its_blocks_as_from_its_values(gguf_files, kind: str) -> None:
+    paths, hf_model = gguf_files
+    prompts = token_prompts((3, 20, 70))
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+    runs = {
+        weights: LLM(str(paths[kind]), num_blocks=256, block_size=4, device="cpu", dtype="float32", numerics="exact",
+                     gguf_weights=weights).generate(prompts, params)
+        for weights in ("blocks", "dequantized")
+    }  # fmt: skip
+    assert [output.logprobs for output in runs["blocks"]] == [output.logprobs for output in runs["dequantized"]]
+    if kind == "F32":
+        assert [output.token_ids for output in runs["blocks"]] == [_transformers_greedy(hf_model, prompt) for prompt in prompts]
