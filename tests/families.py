@@ -61,3 +61,30 @@ def write_checkpoint(family: str, path: Path, seed: int = 0, **overrides: Any) -
 def token_prompts(lengths: tuple[int, ...], seed: int = 1234) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+# Qwen3.5's hybrid decoder, apart from the family table (tests/core/models/test_hybrid.py): a layer
+# pattern and shapes apart from Qwen3.5's own (one full-attention layer in four): value heads twice
+# the key heads, key and value heads of different widths, a convolution of 3.
+HYBRID = dict(
+    COMMON, num_hidden_layers=5, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+)  # fmt: skip
+
+
+def write_hybrid_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**HYBRID, **overrides})).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)
+                param.uniform_(0.5, 1.5)
+            elif "norm" in name:
+                param.uniform_(-0.5, 0.5)
+            elif name.endswith(("A_log", "dt_bias")):
+                param.uniform_(-1.0, 1.0)
+            else:
+                param.normal_(0.0, 0.15)
+    model.save_pretrained(path, safe_serialization=True)
+    return model

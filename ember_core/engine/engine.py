@@ -22,7 +22,8 @@ from ember_core.engine.outputs import append_tokens, delta
 from ember_core.engine.scheduler import Scheduler, SchedulerOutput
 from ember_core.engine.sequence import Sequence
 from ember_core.engine.speculator import Speculator
-from ember_core.engine.state_slots import StateSlots, refuse_for_hybrid
+from ember_core.engine.state_checkpoints import StateCheckpoints
+from ember_core.engine.state_slots import StateSlots, refuse_for_hybrid, state_pool_slots
 from ember_core.engine.stats import engine_stats, step_sample
 from ember_core.engine.step_inputs import step_chunks
 from ember_core.layers.kv_quant import kv_cache_dtype, kv_cache_dtype_name
@@ -71,9 +72,12 @@ class Engine:
             kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype, device)
             layout = kv_cache_layout(model)
             bytes_per_block = layout.bytes_per_block(config.block_size, kv_dtype)
-            state_bytes = state_bytes_per_slot(model, dtype) * config.max_num_seqs
-            if state_bytes:
+            bytes_per_slot = state_bytes_per_slot(model, dtype)
+            running_slots = checkpoint_slots = 0
+            if bytes_per_slot:
                 refuse_for_hybrid(config)
+                running_slots, checkpoint_slots = state_pool_slots(config, bytes_per_slot)
+            state_bytes = (running_slots + checkpoint_slots) * bytes_per_slot
             num_blocks = pool_blocks(config, bytes_per_block, device, state_bytes)
         except BaseException:
             self.close()  # the followers wait for the setup: they stop instead
@@ -92,9 +96,11 @@ class Engine:
         )
         if state_bytes:
             logger.info(
-                "state pool: %d slots (one per running sequence, --max-num-seqs) of %.2f MiB each, %.1f MiB beside the "
-                "KV blocks of the attention layers; prefix caching off for this hybrid model",
-                config.max_num_seqs, state_bytes / config.max_num_seqs / 2**20, state_bytes / 2**20,
+                "state pool: %d slots for running sequences and %d for prefix checkpoints, %.2f MiB each, %.1f MiB "
+                "beside the KV blocks of the attention layers%s",
+                running_slots, checkpoint_slots, bytes_per_slot / 2**20, state_bytes / 2**20,
+                f"; at most {running_slots} sequences run at once (raise --kv-cache-mib for more)"
+                if running_slots < config.max_num_seqs else "",
             )
         logger.info(
             "serving %s: dtype %s, numerics %s, KV cache %s, CPU build %s (what its bits depend on besides the requests)",
@@ -110,12 +116,12 @@ class Engine:
             )
         self.scheduler = Scheduler(
             self.block_manager,
-            max_num_seqs=config.max_num_seqs,
+            max_num_seqs=running_slots or config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             admission=config.admission,
             batching=config.batching,
-            prefix_caching=config.enable_prefix_caching and not state_bytes,
+            prefix_caching=config.enable_prefix_caching,
             context_cost=context_cost_per_position(model),
             # Every step streams all the weights from memory: at long context the charge would cut a
             # prompt into chunks of a few tokens, each paying that for little work.
@@ -126,10 +132,12 @@ class Engine:
         )
         self.runner = ModelRunner(
             model, num_blocks, config.block_size, kv_dtype, config.decode_attention, parallel,
-            num_state_slots=config.max_num_seqs if state_bytes else 0,
+            num_state_slots=running_slots + checkpoint_slots,
         )
-        self.state_slots = StateSlots(config.max_num_seqs) if state_bytes else None
+        self.state_slots = StateSlots(running_slots) if running_slots else None
         self.scheduler.state_slots = self.state_slots
+        if checkpoint_slots:
+            self.scheduler.state_checkpoints = StateCheckpoints(running_slots, checkpoint_slots)
         self.adapters: AdapterSlots | None = None
         if config.enable_lora:
             self.adapters = AdapterSlots(model, config.max_loras, config.max_lora_rank, config.lora_dtype)
@@ -274,6 +282,7 @@ class Engine:
             return deltas
         chunks = step_chunks(decision, self.block_manager.block_tables, self._token_masks, self.stop_token_ids)
         started = time.perf_counter()
+        self.runner.copy_states(self.scheduler.take_state_copies())  # restored prefix checkpoints
         results = self.runner.execute(chunks)
         self.step_samples.append(step_sample(decision, time.perf_counter() - started))
         for seq, num_tokens, chunk, result in zip(decision.seqs, decision.num_scheduled_tokens, chunks, results):
@@ -292,6 +301,7 @@ class Engine:
             elif seq.params.max_tokens == 0:
                 self.scheduler.finish(seq, FinishReason.LENGTH)
                 deltas.append(self._finished_delta(seq, [], [], seq.prompt_logprobs))
+        self.runner.copy_states(self.scheduler.take_state_copies())  # checkpoints of this step's states
         return deltas
 
     def _propose_drafts(self) -> None:

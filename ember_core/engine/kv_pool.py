@@ -18,14 +18,7 @@ def pool_blocks(config: EngineConfig, bytes_per_block: int, device: torch.device
     state pool, which the same budget holds first)."""
     num_blocks = config.num_blocks
     if num_blocks is None:
-        budget = int(config.kv_cache_mib * 2**20)
-        if state_bytes >= budget:
-            raise ValueError(
-                f"a KV cache of {config.kv_cache_mib:g} MiB cannot hold the model's state pool "
-                f"({state_bytes / 2**20:.1f} MiB for {config.max_num_seqs} sequences): raise --kv-cache-mib "
-                "or lower --max-num-seqs"
-            )
-        num_blocks = (budget - state_bytes) // bytes_per_block
+        num_blocks = (int(config.kv_cache_mib * 2**20) - state_bytes) // bytes_per_block
         if num_blocks == 0:
             raise ValueError(
                 f"a KV cache of {config.kv_cache_mib:g} MiB holds no block of {config.block_size} tokens "

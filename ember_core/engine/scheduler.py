@@ -46,6 +46,7 @@ from ember_core.cache.block_hash import extend_block_hashes
 from ember_core.cache.block_manager import BlockManager
 from ember_core.config import Admission, Batching, SchedulingPolicy
 from ember_core.engine.sequence import Sequence, SequenceStatus
+from ember_core.engine.state_checkpoints import StateCheckpoints
 from ember_proto import FinishReason
 
 
@@ -119,6 +120,10 @@ class Scheduler:
         self._prefill_estimates: dict[int, tuple[int, int]] = {}  # seq id -> (tokens, hashes counted)
         self.adapters: SlotGate | None = None  # with LoRA adapters (the engine sets it)
         self.state_slots: SlotGate | None = None  # a hybrid model's (the engine sets it)
+        # A hybrid model's with prefix caching: its states' checkpoints, and the copies between state
+        # slots (from, to) the runner makes before the next forward (restores) or after this one (saves).
+        self.state_checkpoints: StateCheckpoints | None = None
+        self.state_copies: list[tuple[int, int]] = []
 
     @property
     def num_unfinished(self) -> int:
@@ -282,6 +287,8 @@ class Scheduler:
                 seq.num_computed_tokens = len(cached[0]) * self.block_manager.block_size
                 self.num_prefix_queries += seq.num_tokens
                 self.num_prefix_hits += seq.num_computed_tokens
+                if self.state_checkpoints is not None and cached[0]:
+                    self.state_copies.append((self.state_checkpoints.take(seq.block_hashes[len(cached[0]) - 1]), seq.state_slot))
             if chunk_cap < self.max_num_batched_tokens:
                 self._prompt_chunk_caps[seq.seq_id] = chunk_cap
             num_tokens, cost = self._next_chunk(seq, budget)
@@ -322,7 +329,18 @@ class Scheduler:
         floor = min(seq.num_uncomputed_tokens, budget, self.min_chunk_tokens)
         num_tokens = max(floor, min(seq.num_uncomputed_tokens, int(budget / per_token)))
         num_tokens = min(num_tokens, self._prompt_chunk_caps.get(seq.seq_id, num_tokens))
+        if self.state_checkpoints is not None and self._uses_prefix_cache(seq):
+            num_tokens = self._ending_on_a_checkpoint(seq, num_tokens)
         return num_tokens, min(budget, math.ceil(num_tokens * per_token))
+
+    def _ending_on_a_checkpoint(self, seq: Sequence, num_tokens: int) -> int:
+        """A hybrid's prompt chunk cut back to end on a block boundary, where its state is
+        checkpointed; its last chunk first stops at the prompt's last boundary, so a request sharing
+        the whole prompt resumes there."""
+        size, start = self.block_manager.block_size, seq.num_computed_tokens
+        end = start + num_tokens
+        boundary = (end if end < seq.num_tokens else seq.num_tokens - 1) // size * size
+        return boundary - start if boundary > start else num_tokens
 
     def _fit_drafts(self, seq: Sequence, budget: int) -> None:
         """Cut a decode's drafts to the step's budget, and drop them unless the pool holds them with a
@@ -350,7 +368,14 @@ class Scheduler:
         use the cache."""
         if not self._uses_prefix_cache(seq):
             return None
-        return self.block_manager.cached_prefix(self._prompt_block_hashes(seq), completed_in_step)
+        cached = self.block_manager.cached_prefix(self._prompt_block_hashes(seq), completed_in_step)
+        if self.state_checkpoints is None:
+            return cached
+        # A hybrid resumes only where its recurrent state was checkpointed.
+        length = len(cached[0])
+        while length and seq.block_hashes[length - 1] not in self.state_checkpoints:
+            length -= 1
+        return [table[:length] for table in cached]
 
     def _prompt_block_hashes(self, seq: Sequence) -> list[bytes]:
         """The prefix hashes of seq's full blocks but the one holding its last token."""
@@ -369,6 +394,25 @@ class Scheduler:
             seq.block_hashes, seq.token_ids, self.block_manager.block_size, num_full, self.kv_cache_dtype, seq.adapter
         )
         self.block_manager.offer_full_blocks(seq.seq_id, seq.block_hashes, num_full)
+        if self.state_checkpoints is not None and num_full and seq.num_computed_tokens == num_full * self.block_manager.block_size:
+            self._checkpoint_state(seq, seq.block_hashes[num_full - 1])
+
+    def _checkpoint_state(self, seq: Sequence, block_hash: bytes) -> None:
+        """Copy seq's states, which end on a block boundary, to a checkpoint under that block's hash;
+        while it decodes, this one replaces the one it took at its previous boundary."""
+        assert self.state_checkpoints is not None
+        if seq.num_computed_tokens > seq.num_prompt_tokens:  # its slot goes first, never another's
+            if seq.decode_checkpoint:
+                self.state_checkpoints.drop(seq.decode_checkpoint)
+            seq.decode_checkpoint = block_hash
+        slot = self.state_checkpoints.store(block_hash)
+        if slot is not None:
+            self.state_copies.append((seq.state_slot, slot))
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """The copies between state slots the runner makes now, in order."""
+        copies, self.state_copies = self.state_copies, []
+        return copies
 
     def _preempt(self, seq: Sequence) -> None:
         """Free the KV of seq, keep its tokens, and put it at the front of the queue (recomputed later)."""

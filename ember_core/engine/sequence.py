@@ -51,6 +51,8 @@ class Sequence:
     adapter_slot: int = -1
     # A hybrid model's state slot while it runs (engine/state_slots.py); -1: none
     state_slot: int = -1
+    # the prefix hash of its latest state checkpoint taken while decoding (engine/state_checkpoints.py)
+    decode_checkpoint: bytes = b""
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

@@ -8,6 +8,23 @@ from ember_core.config import EngineConfig
 from ember_core.engine.sequence import Sequence
 
 
+def state_pool_slots(config: EngineConfig, bytes_per_slot: int) -> tuple[int, int]:
+    """(running sequences' slots, prefix checkpoints' slots): one per --max-num-seqs and, with prefix
+    caching, as many checkpoints, within half of --kv-cache-mib (the KV blocks keep the rest); fewer,
+    as many of each, where half does not hold them."""
+    per_sequence = 2 if config.enable_prefix_caching else 1
+    running = config.max_num_seqs
+    if config.num_blocks is None:
+        fits = int(config.kv_cache_mib * 2**20) // 2 // (bytes_per_slot * per_sequence)
+        if fits == 0:
+            raise ValueError(
+                f"half of a {config.kv_cache_mib:g} MiB KV cache cannot hold the model's state pool "
+                f"({bytes_per_slot * per_sequence / 2**20:.1f} MiB per running sequence): raise --kv-cache-mib"
+            )
+        running = min(running, fits)
+    return running, running if config.enable_prefix_caching else 0
+
+
 def refuse_for_hybrid(config: EngineConfig) -> None:
     """What a hybrid model cannot run with yet, refused at start in one line each."""
     if config.speculative_config is not None:

@@ -21,7 +21,7 @@ from ember_core.runner.decode_attention import choose_decode_attention
 from ember_core.runner.inputs import ChunkResult, SequenceChunk, followers_view
 from ember_core.runner.kv_cache_layout import attention_layers, kv_cache_layout
 from ember_core.runner.sampler import sample, scored_tokens
-from ember_core.runner.state_pool import bind_state_pool, recurrent_layers
+from ember_core.runner.state_pool import bind_state_pool, copy_state_slots, recurrent_layers
 from ember_proto import TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class ModelRunner:
             tuple(torch.zeros(shape, device=self.device, dtype=self.kv_cache_dtype) for _ in range(2))
             for _ in range(self.layout.layers_per_group)
         ]
-        self.is_hybrid = bool(recurrent_layers(model))
+        self.recurrent_layers = recurrent_layers(model)
+        self.is_hybrid = bool(self.recurrent_layers)
         if self.is_hybrid:
             bind_state_pool(model, num_state_slots, self.dtype, self.device)
         layers = attention_layers(model)
@@ -155,6 +156,11 @@ class ModelRunner:
             prefills=prefills,
             sliding_window=window,
         )
+
+    @torch.inference_mode()
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """A hybrid model's state slots copied (from, to): prefix checkpoints taken and restored."""
+        copy_state_slots(self.recurrent_layers, copies)
 
     @torch.inference_mode()
     def forward_hidden(self, chunks: list[SequenceChunk]) -> torch.Tensor:

@@ -37,9 +37,10 @@ PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 needs_prometheus = pytest.mark.skipif(
     None in (PROMETHEUS, PROMTOOL), reason="prometheus / promtool not installed (make test installs them as root)"
 )
-# The pool's size and blocks are fixed for an engine's life: /metrics and the live dashboard show them.
+# The pools' sizes, blocks and slots are fixed for an engine's life: /metrics and the live dashboard show them.
 NOT_ON_DASHBOARD = {
     "ember_num_preemptions_by_priority_total", "ember_kv_cache_bytes", "ember_kv_cache_blocks", "ember_state_pool_bytes",
+    "ember_state_slots",
 }
 # A histogram's series; `_created` series are prometheus_client's start times, not shown.
 HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")

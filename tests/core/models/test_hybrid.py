@@ -19,15 +19,8 @@ from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.loaders import load_model
 from ember_core.models.decoder_config import LinearAttentionConfig
 from tests.conftest import assert_pool_free
-from tests.families import COMMON, token_prompts
+from tests.families import COMMON, HYBRID, token_prompts, write_hybrid_checkpoint
 
-# A layer pattern and shapes apart from Qwen3.5's own (one full-attention layer in four): value heads
-# twice the key heads, key and value heads of different widths, a convolution of 3.
-CONFIG = dict(
-    COMMON, num_hidden_layers=5, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-    linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=3,
-    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
-)  # fmt: skip
 PROMPT_LENGTHS = (1, 9, 70, 150)  # 150 > SMALL_BATCH_ROWS: that prompt's projections take the batched path
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -36,20 +29,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
     model_dir = tmp_path_factory.mktemp("qwen3_5")
-    torch.manual_seed(0)
-    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)
-                param.uniform_(0.5, 1.5)
-            elif "norm" in name:
-                param.uniform_(-0.5, 0.5)
-            elif name.endswith(("A_log", "dt_bias")):
-                param.uniform_(-1.0, 1.0)
-            else:
-                param.normal_(0.0, 0.15)
-    model.save_pretrained(model_dir, safe_serialization=True)
-    return model_dir, model
+    return model_dir, write_hybrid_checkpoint(model_dir)
 
 
 def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
@@ -62,7 +42,7 @@ def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int])
 def test_the_layer_pattern_loads_with_attention_layers_only_in_the_kv_pool(checkpoint) -> None:
     model_dir, _ = checkpoint
     model = load_model(str(model_dir), torch.device("cpu"), torch.float32).model
-    assert [layer.linear for layer in model.config.layers] == [kind == "linear_attention" for kind in CONFIG["layer_types"]]
+    assert [layer.linear for layer in model.config.layers] == [kind == "linear_attention" for kind in HYBRID["layer_types"]]
     llm = LLM(str(model_dir), num_blocks=64, block_size=4, device="cpu", dtype="float32", max_num_seqs=3)
     assert llm.engine.runner.layout.layers_per_group == 2  # the two full-attention layers
     assert llm.engine.state_slots.num_slots == 3
@@ -157,7 +137,7 @@ def test_what_a_hybrid_cannot_run_with_is_refused_in_one_line(checkpoint, flags:
 def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> None:
     """Qwen3.5's releases are image-text checkpoints: config.json's text_config and the
     model.language_model.* weights are the text model; the vision tower's weights are skipped."""
-    text = {key: value for key, value in CONFIG.items() if key not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    text = {key: value for key, value in HYBRID.items() if key not in ("bos_token_id", "eos_token_id", "pad_token_id")}
     vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=COMMON["hidden_size"])
     torch.manual_seed(5)
     hf_model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(text_config=text, vision_config=vision))
@@ -173,12 +153,7 @@ def gguf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path
     convert_hf_to_gguf.py): q/k and value heads of one width, as llama.cpp requires, value heads
     tiled, the decay as -exp(A_log)."""
     model_dir = tmp_path_factory.mktemp("qwen35_gguf")
-    torch.manual_seed(1)
-    hf_model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**CONFIG, "linear_key_head_dim": 12})).eval()
-    with torch.no_grad():
-        for name, param in hf_model.named_parameters():
-            param.uniform_(-0.5, 0.5) if "norm" in name or name.endswith(("A_log", "dt_bias")) else param.normal_(0.0, 0.15)
-    hf_model.save_pretrained(model_dir, safe_serialization=True)
+    hf_model = write_hybrid_checkpoint(model_dir, seed=1, linear_key_head_dim=12)
     return {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}, hf_model
 
 
@@ -195,3 +170,28 @@ def test_a_gguf_file_gives_transformers_tokens_from_its_blocks_as_from_its_value
     assert [output.logprobs for output in runs["blocks"]] == [output.logprobs for output in runs["dequantized"]]
     if kind == "F32":
         assert [output.token_ids for output in runs["blocks"]] == [_transformers_greedy(hf_model, prompt) for prompt in prompts]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_conversations_next_turn_resumes_from_its_state_checkpoint(checkpoint, dtype: str) -> None:
+    """The second turn finds the first turn's prompt and answer cached up to the answer's last full
+    block, KV blocks and recurrent state both, and computes the same bits as without a cache; a
+    repeated prompt resumes at its own last block boundary."""
+    model_dir, _ = checkpoint
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+    system, question, follow_up = token_prompts((37, 9, 8), seed=5)
+    cached = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype=dtype, max_num_batched_tokens=16)
+    fresh = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype=dtype, enable_prefix_caching=False)
+    first = cached.generate([system + question], params)[0]
+    assert first.logprobs == fresh.generate([system + question], params)[0].logprobs
+    second_prompt = system + question + first.token_ids + follow_up
+    second = cached.generate([second_prompt], params)[0]
+    computed_before = len(system + question) + len(first.token_ids) - 1  # the last token was sampled, not computed
+    assert cached.stats().num_prefix_cache_hits == computed_before // 4 * 4
+    expected = fresh.generate([second_prompt], params)[0]
+    assert (second.token_ids, second.logprobs) == (expected.token_ids, expected.logprobs)
+    hits = cached.stats().num_prefix_cache_hits
+    again = cached.generate([second_prompt], params)[0]
+    assert cached.stats().num_prefix_cache_hits - hits == (len(second_prompt) - 1) // 4 * 4
+    assert (again.token_ids, again.logprobs) == (expected.token_ids, expected.logprobs)
+    assert_pool_free(cached)
