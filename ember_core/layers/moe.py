@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember_core.kernels import cpu_ops
-from ember_core.layers.activation import GATED_ACTIVATIONS
+from ember_core.layers.activation import GATED_ACTIVATIONS, sigmoid_mul
 from ember_core.layers.linear import PLAIN_WEIGHT_FORMAT, SIXTEEN_BIT_ROW_MULTIPLE, kernel_format_code
 from ember_core.layers.mlp import MLP
 from ember_core.models.decoder_config import MoEConfig
@@ -105,7 +105,10 @@ class SparseMoE(nn.Module):
         self.routed_tokens += torch.bincount(expert_ids.flatten().cpu(), minlength=self.routed_tokens.shape[0])
         out = self.experts(x, expert_ids, weights)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            shared = self.shared_expert(x)
+            # sigmoid_mul: torch.sigmoid's vector code and its scalar tail round apart, and which of
+            # them a token's gate meets would depend on how many tokens the step holds.
+            out = out + sigmoid_mul(shared, self.shared_expert_gate(x).expand_as(shared).contiguous())
         return out
 
 

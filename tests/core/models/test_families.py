@@ -65,13 +65,13 @@ def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_block_size_batch_preemption_chunks_and_prefix_cache_do_not_change_tokens(checkpoint, dtype: str) -> None:
-    """Prompts within the small-batch rows, whose steps keep every row's bits."""
+    """Prompts within the small-batch rows, whose steps keep every row's bits: tokens and logprobs."""
     _, model_dir, _ = checkpoint
     prompts = token_prompts((5, 17, 40, 60, 33), seed=99)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
     plain = LLM(str(model_dir), num_blocks=512, block_size=16, device="cpu", dtype=dtype, enable_prefix_caching=False)
-    alone = [plain.generate([prompt], params)[0].token_ids for prompt in prompts]
-    assert len({tuple(tokens) for tokens in alone}) == len(prompts)
+    alone = [(output.token_ids, output.logprobs) for output in (plain.generate([prompt], params)[0] for prompt in prompts)]
+    assert len({tuple(tokens) for tokens, _ in alone}) == len(prompts)
     # Blocks of 3, a pool that holds the longest request alone and a third more, prompts cut into
     # chunks of at most 20 tokens; a preempted request starts again from its cached blocks.
     windows = plain.engine.block_manager.group_windows
@@ -79,7 +79,7 @@ def test_block_size_batch_preemption_chunks_and_prefix_cache_do_not_change_token
     squeezed = LLM(
         str(model_dir), num_blocks=pool, block_size=3, device="cpu", dtype=dtype, max_num_batched_tokens=20, max_num_seqs=8
     )
-    assert [output.token_ids for output in squeezed.generate(prompts, params)] == alone
+    assert [(output.token_ids, output.logprobs) for output in squeezed.generate(prompts, params)] == alone
     if 2 * windows.count(None) >= len(windows):
         # Where window groups dominate, a request admitted for its prompt's peak holds far less once
         # it decodes, and the pool rarely runs out (the scheduler's own tests preempt those).
@@ -88,6 +88,6 @@ def test_block_size_batch_preemption_chunks_and_prefix_cache_do_not_change_token
     # Every prompt again, from the blocks the first round left cached.
     cached = LLM(str(model_dir), num_blocks=512, block_size=3, device="cpu", dtype=dtype)
     for _ in range(2):
-        assert [output.token_ids for output in cached.generate(prompts, params)] == alone
+        assert [(output.token_ids, output.logprobs) for output in cached.generate(prompts, params)] == alone
     assert cached.stats().num_prefix_cache_hits >= sum(len(prompt) - 3 for prompt in prompts)
     assert_pool_free(cached)
