@@ -73,9 +73,18 @@ HYBRID = dict(
 )  # fmt: skip
 
 
-def write_hybrid_checkpoint(path: Path, seed: int = 0, **overrides: Any) -> transformers.PreTrainedModel:
+# Qwen3.5-MoE's: every layer's MLP routes to 2 of 6 experts beside a gated shared expert.
+HYBRID_EXPERTS = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+
+
+def write_hybrid_checkpoint(path: Path, seed: int = 0, family: str = "qwen3_5", **overrides: Any) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
-    model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**HYBRID, **overrides})).eval()
+    if family == "qwen3_5_moe":
+        config = transformers.Qwen3_5MoeTextConfig(**{**HYBRID, **HYBRID_EXPERTS, **overrides})
+        model = transformers.Qwen3_5MoeForCausalLM(config).eval()
+    else:
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**HYBRID, **overrides})).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)

@@ -20,7 +20,7 @@ _WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6}
 _LOCAL_ROPE_BASE = {"gemma3": 10_000.0}
 _GELU_ARCHITECTURES = ("gemma2", "gemma3")
 # Where llama.cpp renormalises the top-k expert weights when the file has no expert_weights_norm.
-_NORMALIZED_TOP_K = ("llama", "qwen3moe")
+_NORMALIZED_TOP_K = ("llama", "qwen3moe", "qwen35moe")
 # llama.cpp scales Gemma's 27B queries by (hidden / heads)^-1/2, the others by head_dim^-1/2; it tells
 # them by their layer count.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}

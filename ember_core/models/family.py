@@ -101,6 +101,11 @@ _GEMMA_DEFAULTS = (
     ("sliding_window", 4096), ("tie_word_embeddings", True),
 )
 _QWEN_DEFAULTS = (("use_sliding_window", False), ("sliding_window", 4096), ("max_window_layers", 28))
+_QWEN3_5 = dict(
+    norms=_LLAMA_NORMS, norm_weight_offset=1.0, qk_norm="head", gated_attention=True, linear_attention=True,
+    ignored_weights=("mtp.", "model.visual."), gguf_post_attention_norm="mlp_in",
+)
+_QWEN3_5_DEFAULTS = (("head_dim", 256), ("linear_conv_kernel_dim", 4))
 _MIXTRAL_EXPERTS = ExpertStyle("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size")
 
 FAMILIES: dict[str, Family] = {
@@ -131,10 +136,11 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_moe", _LLAMA_NORMS, qk_norm="head", window_layers="all_when_used",
                experts=ExpertStyle(), config_defaults=(*_QWEN_DEFAULTS, ("head_dim", 128))),
         Family("olmoe", _LLAMA_NORMS, qk_norm="projection", experts=ExpertStyle(expert_size_key="intermediate_size")),
-        # Qwen3.5's norms multiply by (1 + w), as Gemma's (the Gated DeltaNet's output norm excepted).
-        Family("qwen3_5_text", _LLAMA_NORMS, norm_weight_offset=1.0, qk_norm="head", gated_attention=True,
-               linear_attention=True, config_defaults=(("head_dim", 256), ("linear_conv_kernel_dim", 4)),
-               ignored_weights=("mtp.", "model.visual."), gguf_post_attention_norm="mlp_in"),
+        # Qwen3.5's norms multiply by (1 + w), as Gemma's (the Gated DeltaNet's output norm excepted);
+        # its mixture of experts always renormalises the top-k weights.
+        Family("qwen3_5_text", **_QWEN3_5, config_defaults=_QWEN3_5_DEFAULTS),
+        Family("qwen3_5_moe_text", **_QWEN3_5, experts=ExpertStyle(),
+               config_defaults=(*_QWEN3_5_DEFAULTS, ("norm_topk_prob", True))),
     )
 }  # fmt: skip
 
@@ -151,4 +157,5 @@ GGUF_ARCHITECTURES: dict[str, Family] = {
     "phi3": FAMILIES["phi3"],
     "olmo2": FAMILIES["olmo2"],
     "qwen35": FAMILIES["qwen3_5_text"],
+    "qwen35moe": FAMILIES["qwen3_5_moe_text"],
 }

@@ -17,7 +17,7 @@ from ember_core.parallel.shards import DecoderShards
 
 # Multimodal checkpoints whose language model ember serves (text in, text out): config.json's
 # text_config describes it, and its weights are the checkpoint's model.language_model.*.
-LANGUAGE_MODEL_OF = {"qwen3_5": "qwen3_5_text"}
+LANGUAGE_MODEL_OF = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 SUPPORTED_MODEL_TYPES = sorted(["gpt2", *FAMILIES, *LANGUAGE_MODEL_OF])
 
 # config.json's sizes, in either architecture's spelling: each must be a positive integer.

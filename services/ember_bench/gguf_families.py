@@ -152,7 +152,8 @@ def _expert_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if config.get("shared_expert_intermediate_size"):
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
-    writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", config.get("model_type") == "mixtral")))
+    always_normalized = config.get("model_type") in ("mixtral", "qwen3_5_moe_text")
+    writer.add_expert_weights_norm(bool(config.get("norm_topk_prob", always_normalized)))
 
 
 def _mixtral_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
@@ -250,11 +251,15 @@ def _qwen35_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
     writer.add_ssm_group_count(config["linear_num_key_heads"])
     writer.add_ssm_time_step_rank(config["linear_num_value_heads"])
     writer.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
-    arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35]
-    writer.add_array(f"{arch}.attention.recurrent_layers", [kind == "linear_attention" for kind in config["layer_types"]])
+    writer.add_array(f"{writer.arch}.attention.recurrent_layers", [kind == "linear_attention" for kind in config["layer_types"]])
     writer.add_full_attention_interval(config.get("full_attention_interval", 4))
     writer.add_rope_dimension_count(int(head_dim(config) * rope_parameters(config).get("partial_rotary_factor", 0.25)))
     writer.add_rope_dimension_sections([11, 11, 10, 0])
+
+
+def _qwen35moe_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    _qwen35_hparams(config, writer)
+    _expert_hparams(config, writer)
 
 
 def _tiled_value_heads(data: torch.Tensor, dim: int, config: Config, head_size: int) -> torch.Tensor:
@@ -290,6 +295,10 @@ def _qwen35_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Te
     return data
 
 
+def _qwen35_name(name: str) -> str:
+    return name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
+
+
 _LLAMA = GGUFFamily(gguf.MODEL_ARCH.LLAMA, _llama_hparams, permute_qk=True, extra_tensors=_llama3_rope_freqs)
 
 # family (ember_bench.families) -> how its GGUF is written
@@ -312,8 +321,10 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
 # the hybrid Qwen3.5 besides (its tests are tests/core/models/test_hybrid.py's, not the family table's).
 _BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()} | {
     "Qwen3_5ForCausalLM": GGUFFamily(
-        gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor,
-        rename=lambda name: name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias"),
+        gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
+    ),
+    "Qwen3_5MoeForCausalLM": GGUFFamily(
+        gguf.MODEL_ARCH.QWEN35MOE, _qwen35moe_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
     ),
 }
 

@@ -1,5 +1,5 @@
-"""Qwen3.5's hybrid decoder (Gated DeltaNet layers beside gated attention) against transformers' own
-class with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
+"""Qwen3.5's hybrid decoder (Gated DeltaNet layers beside gated attention), dense and with experts,
+against transformers' own class with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
 linear layers keep a recurrent state per sequence: batch, chunked prefill, block size and
 preemption never change a token or a logprob, in float32 and bfloat16; every state slot and block
 comes back."""
@@ -19,17 +19,17 @@ from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.loaders import load_model
 from ember_core.models.decoder_config import LinearAttentionConfig
 from tests.conftest import assert_pool_free
-from tests.families import COMMON, HYBRID, token_prompts, write_hybrid_checkpoint
+from tests.families import COMMON, HYBRID, HYBRID_FAMILIES, token_prompts, write_hybrid_checkpoint
 
 PROMPT_LENGTHS = (1, 9, 70, 150)  # 150 > SMALL_BATCH_ROWS: that prompt's projections take the batched path
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
-    model_dir = tmp_path_factory.mktemp("qwen3_5")
-    return model_dir, write_hybrid_checkpoint(model_dir)
+@pytest.fixture(scope="module", params=HYBRID_FAMILIES)
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
+    model_dir = tmp_path_factory.mktemp(request.param)
+    return model_dir, write_hybrid_checkpoint(model_dir, family=request.param)
 
 
 def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
@@ -147,13 +147,15 @@ def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> No
     assert llm.generate([prompt], GREEDY)[0].token_ids == _transformers_greedy(hf_model, prompt)
 
 
-@pytest.fixture(scope="module")
-def gguf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], transformers.PreTrainedModel]:
+@pytest.fixture(scope="module", params=HYBRID_FAMILIES)
+def gguf_files(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Path], transformers.PreTrainedModel]:
     """A checkpoint as llama.cpp's converter writes it (byte for byte, checked against its
     convert_hf_to_gguf.py): q/k and value heads of one width, as llama.cpp requires, value heads
     tiled, the decay as -exp(A_log)."""
-    model_dir = tmp_path_factory.mktemp("qwen35_gguf")
-    hf_model = write_hybrid_checkpoint(model_dir, seed=1, linear_key_head_dim=12)
+    model_dir = tmp_path_factory.mktemp(f"{request.param}_gguf")
+    hf_model = write_hybrid_checkpoint(model_dir, seed=1, family=request.param, linear_key_head_dim=12)
     return {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}, hf_model
 
 
