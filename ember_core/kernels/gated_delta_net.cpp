@@ -114,17 +114,26 @@ void recur(const T* projected, const float* convolved, const T* a_log, const T* 
         const float beta = sigmoid(static_cast<float>(gates[h]));
         const float decay =
             std::exp(decay_rate * softplus(static_cast<float>(gates[heads + h]) + static_cast<float>(dt_bias[h])));
-        for (int64_t i = 0; i < dk * dv; ++i) state[i] *= decay;
+        // Two passes over S (decay while recalling, then correct while answering), each element's
+        // arithmetic and each sum's order as in five separate loops.
         for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
-        for (int64_t i = 0; i < dk; ++i)
-          for (int64_t j = 0; j < dv; ++j) kv[j] += state[i * dv + j] * k[i];
+        for (int64_t i = 0; i < dk; ++i) {
+          float* row = state + i * dv;
+          for (int64_t j = 0; j < dv; ++j) {
+            row[j] *= decay;
+            kv[j] += row[j] * k[i];
+          }
+        }
         for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - kv[j]) * beta;
-        for (int64_t i = 0; i < dk; ++i)
-          for (int64_t j = 0; j < dv; ++j) state[i * dv + j] += k[i] * delta[j];
         float* o = core + token * s.value_size() + h * dv;
         for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
-        for (int64_t i = 0; i < dk; ++i)
-          for (int64_t j = 0; j < dv; ++j) o[j] += state[i * dv + j] * q[i];
+        for (int64_t i = 0; i < dk; ++i) {
+          float* row = state + i * dv;
+          for (int64_t j = 0; j < dv; ++j) {
+            row[j] += k[i] * delta[j];
+            o[j] += row[j] * q[i];
+          }
+        }
       }
     }
   });
