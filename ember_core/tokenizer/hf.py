@@ -7,6 +7,8 @@ fallback) on HF tokenizers (hf_sentencepiece.py). Anything else is rejected with
 from pathlib import Path
 from typing import Any
 
+UNICODE_FORMS = ("NFC", "NFD", "NFKC", "NFKD")  # tokenizer.json normalizers that are one Unicode normal form
+
 from ember_core.tokenizer.byte_level import BYTE_TO_CHAR
 from ember_core.tokenizer.hf_config import HfTokenizerConfig, read_json
 from ember_core.tokenizer.hf_sentencepiece import sentencepiece_style_tokenizer
@@ -25,6 +27,7 @@ def load_hf_tokenizer(model_dir: Path) -> Tokenizer | None:
         if not _is_byte_level(tokenizer_json):
             return sentencepiece_style_tokenizer(tokenizer_json, config)
         vocab, merges = _bpe_model(tokenizer_json)
+        _unicode_normalization(tokenizer_json)  # refused before the vocabulary is built
         pattern = hf_pre_pattern(tokenizer_json.get("pre_tokenizer"))
         for entry in tokenizer_json.get("added_tokens", []):
             added_by_text[entry["content"]] = (entry["id"], entry.get("special", False))
@@ -61,8 +64,20 @@ def load_hf_tokenizer(model_dir: Path) -> Tokenizer | None:
         extra_stop_ids=config.extra_stop_ids(),
         chat_template=config.chat_template,
         add_bos_token=config.adds_bos(tokenizer_json),
+        unicode_normalization=_unicode_normalization(tokenizer_json),
     )
     return Tokenizer(spec)
+
+
+def _unicode_normalization(tokenizer_json: dict[str, Any] | None) -> str:
+    """The Unicode normal form tokenizer.json's normalizer applies ("NFC": Qwen's), "" for none;
+    ValueError for another normalizer."""
+    normalizer = (tokenizer_json or {}).get("normalizer")
+    if normalizer is None:
+        return ""
+    if normalizer.get("type") not in UNICODE_FORMS:
+        raise ValueError(f"unsupported tokenizer.json normalizer {normalizer.get('type')!r}; supported: {', '.join(UNICODE_FORMS)}")
+    return normalizer["type"]
 
 
 def _is_byte_level(tokenizer_json: dict[str, Any]) -> bool:
@@ -88,9 +103,6 @@ def _bpe_model(tokenizer_json: dict[str, Any]) -> tuple[dict[str, int], list[tup
     for option in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(option):
             raise ValueError(f"unsupported tokenizer.json: BPE with {option}={model[option]!r}")
-    normalizer = tokenizer_json.get("normalizer")
-    if normalizer is not None:
-        raise ValueError(f"unsupported tokenizer.json normalizer {normalizer.get('type')!r}")
     vocab: dict[str, int] = model["vocab"]
     if model.get("unk_token") is not None and any(char not in vocab for char in BYTE_TO_CHAR.values()):
         # HF would emit the unk token for those bytes; we only implement dropping them.

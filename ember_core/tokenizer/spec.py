@@ -24,6 +24,9 @@ class TokenizerSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     chat_template: str | None = None
     # Whether the model expects BOS in front of a prompt.
     add_bos_token: bool = False
+    # tokenizer.json's Unicode normalizer ("NFC" for Qwen's), applied to a text before it is split;
+    # "": none.
+    unicode_normalization: str = ""
     # A SentencePiece-style tokenizer (metaspace, byte fallback), run by HF tokenizers: its
     # tokenizer.json. When set, pattern, mergeable_ranks, rank_to_id and decode_only_tokens are unused.
     tokenizer_json: str | None = None

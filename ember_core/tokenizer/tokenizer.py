@@ -2,6 +2,7 @@
 tiktoken, or a SentencePiece-style tokenizer.json on HF tokenizers."""
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -70,6 +71,8 @@ class Tokenizer:
         if _LONE_SURROGATE.search(text):
             # Lone surrogates become U+FFFD, as tiktoken does.
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        if self.spec.unicode_normalization:
+            text = unicodedata.normalize(self.spec.unicode_normalization, text)  # type: ignore[arg-type]
         return self._backend.encode(text, allow_special)
 
     def decode_bytes(self, ids: Sequence[int], skip_special_tokens: bool = False) -> bytes:

@@ -24,6 +24,7 @@ def build_spec(
     extra_stop_ids: Iterable[int] = (),
     chat_template: str | None = None,
     add_bos_token: bool = False,
+    unicode_normalization: str = "",
 ) -> TokenizerSpec:
     """vocab maps byte-level-written tokens to ids; entries that are special or added tokens are
     taken as those. merges are in priority order, as in tokenizer.json / merges.txt / GGUF."""
@@ -68,6 +69,7 @@ def build_spec(
         stop_token_ids=stop_token_ids(special_tokens, eos_token_id, extra_stop_ids),
         chat_template=chat_template,
         add_bos_token=add_bos_token,
+        unicode_normalization=unicode_normalization,
     )
 
 

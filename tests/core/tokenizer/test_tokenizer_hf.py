@@ -81,7 +81,7 @@ def _set_model(**fields: Any) -> dict[str, Any]:
         (_set_model(type="Unigram"), "model type 'Unigram'; only GPT-2 style byte-level BPE"),
         (_set_model(byte_fallback=True), "byte_fallback"),
         (_set_model(continuing_subword_prefix="##"), "continuing_subword_prefix"),
-        (tokenizer_json(normalizer={"type": "NFC"}), "normalizer 'NFC'"),
+        (tokenizer_json(normalizer={"type": "Lowercase"}), "normalizer 'Lowercase'"),
         (tokenizer_json(pre_tokenizer={"type": "Metaspace"}), "pre_tokenizer Metaspace; supported"),
         (tokenizer_json(pre_tokenizer={"type": "ByteLevel", "add_prefix_space": True}), "add_prefix_space"),
         (
