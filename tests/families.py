@@ -73,18 +73,26 @@ HYBRID = dict(
 )  # fmt: skip
 
 
-# Qwen3.5-MoE's: every layer's MLP routes to 2 of 6 experts beside a gated shared expert.
-HYBRID_EXPERTS = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
-HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+# Per hybrid family: transformers' config and model classes and the test checkpoint's config.
+# Qwen3.5-MoE: every layer's MLP routes to 2 of 6 experts beside a gated shared expert. LFM2: short
+# convolutions of 4 with biases, an MLP width its config class rounds to a multiple of 32.
+HYBRID_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", HYBRID),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(
+        HYBRID, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+    )),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        {key: value for key, value in COMMON.items() if key != "rms_norm_eps"}, norm_eps=1e-5, num_hidden_layers=5,
+        layer_types=["conv", "full_attention", "conv", "conv", "full_attention"], conv_L_cache=4, conv_bias=True,
+        block_multiple_of=32,
+    )),
+}  # fmt: skip
 
 
 def write_hybrid_checkpoint(path: Path, seed: int = 0, family: str = "qwen3_5", **overrides: Any) -> transformers.PreTrainedModel:
+    config_class, model_class, config = HYBRID_FAMILIES[family]
     torch.manual_seed(seed)
-    if family == "qwen3_5_moe":
-        config = transformers.Qwen3_5MoeTextConfig(**{**HYBRID, **HYBRID_EXPERTS, **overrides})
-        model = transformers.Qwen3_5MoeForCausalLM(config).eval()
-    else:
-        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**{**HYBRID, **overrides})).eval()
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**config, **overrides})).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)

@@ -24,13 +24,14 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.recurrent_batch import RecurrentBatch
+from ember_core.layers.recurrent_layer import RecurrentLayer
 from ember_core.models.decoder_config import LinearAttentionConfig
 
 # The checkpoint's input projections, in the fused projection's row order.
 INPUT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(RecurrentLayer):
     def __init__(self, config: LinearAttentionConfig, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.config = config
@@ -42,25 +43,21 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(heads))
         self.norm = _GateNorm(config.value_head_dim)
         self.out_proj = nn.Linear(config.value_size, hidden_size, bias=False)
-        # Set by the runner: [slots, conv_size, conv_kernel - 1] in the model's dtype, and
-        # [slots, value heads, key_dim, value_dim] float32.
-        self.conv_state: torch.Tensor | None = None
-        self.recurrent_state: torch.Tensor | None = None
 
     def input_rows(self) -> list[tuple[str, int]]:
         """The checkpoint's input projections and their rows in the fused in_proj."""
         c = self.config
         return list(zip(INPUT_PROJECTIONS, (c.conv_size, c.value_size, c.num_value_heads, c.num_value_heads)))
 
-    def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """One slot's convolution state and recurrent state."""
+    def state_specs(self) -> list[tuple[tuple[int, ...], bool]]:
+        """The convolution's last inputs in the model's dtype, and S per value head in float32."""
         c = self.config
-        return (c.conv_size, c.conv_kernel - 1), (c.num_value_heads, c.key_head_dim, c.value_head_dim)
+        return [((c.conv_size, c.conv_kernel - 1), False), ((c.num_value_heads, c.key_head_dim, c.value_head_dim), True)]
 
     def forward(self, hidden: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         projected = self.in_proj(hidden).contiguous()
         weight = self.conv1d.weight.view(self.config.conv_size, -1)
-        operands = (projected, weight, self.A_log, self.dt_bias, self.norm.weight, self.eps, self.conv_state, self.recurrent_state)
+        operands = (projected, weight, self.A_log, self.dt_bias, self.norm.weight, self.eps, *self.states)
         c = self.config
         if projected.is_cpu and projected.dtype in (torch.float32, torch.bfloat16) and cpu_ops.is_available():
             mixed = cpu_ops.ops().gated_delta_net(

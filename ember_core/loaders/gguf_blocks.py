@@ -28,13 +28,14 @@ from ember_core.models.decoder import Decoder
 
 def _shard_names(model: Decoder, module_name: str) -> list[str]:
     """The HF module names (no `model.` prefix) whose weights fill this Linear's rows, in order."""
+    family = model.config.family
     for fused, shards in model.fused_shards().items():
         if module_name.endswith(f".{fused}"):
             prefix = module_name.removesuffix(fused)
-            return [prefix + shard for shard, _ in shards]
+            return [family.checkpoint_name(f"{prefix}{shard}.weight").removesuffix(".weight") for shard, _ in shards]
     if module_name == "lm_head" and model.config.tie_word_embeddings:
         return ["embed_tokens"]
-    return [model.hf_names().get(f"{module_name}.weight", module_name).removesuffix(".weight")]
+    return [family.checkpoint_name(model.hf_names().get(f"{module_name}.weight", f"{module_name}.weight")).removesuffix(".weight")]
 
 
 def _as_bytes(tensor: ReaderTensor) -> torch.Tensor:

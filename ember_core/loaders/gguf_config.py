@@ -7,7 +7,14 @@ from typing import Any
 import gguf
 
 from ember_core.loaders.gguf_tensors import ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT, ROPE_FREQS, dequantize
-from ember_core.models.decoder_config import ACTIVATIONS, DecoderConfig, LayerSpec, LinearAttentionConfig, MoEConfig
+from ember_core.models.decoder_config import (
+    ACTIVATIONS,
+    DecoderConfig,
+    LayerSpec,
+    LinearAttentionConfig,
+    MoEConfig,
+    ShortConvConfig,
+)
 from ember_core.models.family import FAMILIES, GGUF_ARCHITECTURES, Family
 from ember_core.models.rotary import Rope, RopeScaling
 from ember_core.pooling import GGUF_POOLING_TYPES
@@ -73,8 +80,16 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
     slides = _sliding_layers(reader, architecture, num_layers)
     moe = _moe_config(reader, architecture, tensors)
     sparse = [f"blk.{index}.ffn_gate_inp.weight" in tensors for index in range(num_layers)]
-    linear_attention = _linear_attention_config(reader, architecture) if family.linear_attention else None
-    linear = _recurrent_layers(reader, architecture, num_layers) if linear_attention else [False] * num_layers
+    kv_heads = _kv_heads(reader, architecture, num_heads, num_layers)
+    linear_attention: LinearAttentionConfig | ShortConvConfig | None = None
+    linear = [False] * num_layers
+    if family.mixer == "short_conv":  # LFM2: its convolution layers are those without KV heads
+        linear = [heads == 0 for heads in kv_heads]
+        conv_biased = any(name.startswith("blk.") and name.endswith(".shortconv.conv.bias") for name in tensors)
+        linear_attention = ShortConvConfig(kernel=value("shortconv.l_cache"), bias=conv_biased)
+    elif family.linear_attention:
+        linear_attention = _linear_attention_config(reader, architecture)
+        linear = _recurrent_layers(reader, architecture, num_layers)
     layers = tuple(
         LayerSpec(window if window and sliding else None, rope, sparse_mlp, linear_layer)
         for sliding, sparse_mlp, linear_layer in zip(slides, sparse, linear)
@@ -93,7 +108,7 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         max_position_embeddings=context_length,
         hidden_size=hidden,
         num_heads=num_heads,
-        num_kv_heads=value("attention.head_count_kv", num_heads),
+        num_kv_heads=max(kv_heads),
         head_dim=head_dim,
         intermediate_size=value("feed_forward_length"),
         layers=layers,
@@ -112,6 +127,19 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         pooling=GGUF_POOLING_TYPES.get(value("pooling_type", 0)),
         linear_attention=linear_attention,
     )
+
+
+def _kv_heads(reader: gguf.GGUFReader, architecture: str, num_heads: int, num_layers: int) -> list[int]:
+    """attention.head_count_kv per layer: one value, or (LFM2) a list with 0 for layers without attention."""
+    field = reader.fields.get(f"{architecture}.attention.head_count_kv")
+    if field is None:
+        return [num_heads] * num_layers
+    if field.types[0] == gguf.GGUFValueType.ARRAY:
+        heads = [int(count) for count in field.contents()]
+        if len(heads) < num_layers:
+            raise ValueError(f"attention.head_count_kv lists {len(heads)} layers, the model has {num_layers}")
+        return heads[:num_layers]
+    return [metadata(reader, f"{architecture}.attention.head_count_kv")] * num_layers
 
 
 def _linear_attention_config(reader: gguf.GGUFReader, architecture: str) -> LinearAttentionConfig:

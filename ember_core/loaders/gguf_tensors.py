@@ -52,17 +52,29 @@ LINEAR_ATTENTION_NAMES = {
 }
 # Its two vectors stored without the checkpoint's kind: blk.N.ssm_a, blk.N.ssm_dt.bias.
 LINEAR_ATTENTION_VECTORS = {"ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias"}
+# LFM2's short convolution (llama.cpp's lfm2).
+SHORT_CONV_NAMES = {"shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"}
 # A sparse layer's experts, stacked [experts, rows, columns]: each expert's gate, up, down projection.
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # RoPE tables, read into the config, not weights.
 ROPE_FREQS = "rope_freqs.weight"
 ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 NOT_WEIGHTS = (ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT)
-LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+?)(?:\.(weight|bias))?")
+LAYER_TENSOR = re.compile(r"blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?")
 
 
 def hf_name(gguf_name: str, family: Family) -> str:
+    """The checkpoint's name of a GGUF tensor, as the family's checkpoints spell it."""
+    name = _llama_like_name(gguf_name, family)
+    if not name.startswith("model."):  # lm_head
+        return name
+    return "model." + family.checkpoint_name(name.removeprefix("model."))
+
+
+def _llama_like_name(gguf_name: str, family: Family) -> str:
     base, _, kind = gguf_name.rpartition(".")
+    if base == family.gguf_output_norm:
+        return f"model.norm.{kind}"
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     match = LAYER_TENSOR.fullmatch(gguf_name)
@@ -73,6 +85,8 @@ def hf_name(gguf_name: str, family: Family) -> str:
             return f"model.layers.{match[1]}.{LINEAR_ATTENTION_VECTORS[tensor]}"
         if family.linear_attention and tensor in LINEAR_ATTENTION_NAMES:
             name = LINEAR_ATTENTION_NAMES[tensor]
+        elif family.mixer == "short_conv" and tensor in SHORT_CONV_NAMES:
+            name = SHORT_CONV_NAMES[tensor]
         elif tensor == "post_attention_norm":
             name = family.norm_name(family.gguf_post_attention_norm)
         elif tensor in NORM_TENSORS:
@@ -144,7 +158,7 @@ def iter_gguf_weights(
         values = in_hf_row_order(name, dequantize(tensor), config)
         if name.endswith(".A_log"):  # the file holds the decay rate -exp(A_log)
             values = torch.log(-values)
-        elif name.endswith(".conv1d.weight"):  # [channels, kernel], Conv1d's [channels, 1, kernel]
+        elif name.endswith((".conv1d.weight", ".conv.conv.weight")):  # [channels, kernel], Conv1d's [channels, 1, kernel]
             values = values.unsqueeze(1)
         if ".experts." in name:  # one checkpoint tensor per expert, as Hugging Face stores them
             parts = [(name.replace(".experts.", f".experts.{expert}."), part) for expert, part in enumerate(values)]

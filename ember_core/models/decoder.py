@@ -23,7 +23,9 @@ from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_hea
 from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
 from ember_core.layers.mlp import MLP
 from ember_core.layers.moe import SparseMoE
-from ember_core.models.decoder_config import DecoderConfig, LayerSpec
+from ember_core.layers.recurrent_layer import RecurrentLayer
+from ember_core.layers.short_conv import ShortConv
+from ember_core.models.decoder_config import DecoderConfig, LayerSpec, ShortConvConfig
 from ember_core.models.family import NORM_SLOTS
 from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import Rope, apply_rope_
@@ -32,7 +34,6 @@ from ember_core.parallel.shards import DecoderShards
 from ember_core.parallel.split_norm import SplitRMSNorm
 
 _ATTENTION_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj")
-_LINEAR_ATTENTION_LINEARS = ("linear_attn.in_proj", "linear_attn.out_proj")
 # Norms whose checkpoint weight is w itself in a family whose other norms store w of (1 + w).
 _NORMS_WITHOUT_OFFSET = ("linear_attn.norm.weight",)
 _MLP_LINEARS = ("mlp.gate_up_proj", "mlp.down_proj")
@@ -106,10 +107,10 @@ class DecoderLayer(nn.Module):
             norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if config.family.norm_name(slot) else None
             setattr(self, f"{slot}_norm", norm)
         self.self_attn: Attention | None = None
-        self.linear_attn: GatedDeltaNet | None = None
-        if layer.linear:
-            assert config.linear_attention is not None
-            self.linear_attn = GatedDeltaNet(config.linear_attention, config.hidden_size, config.rms_norm_eps)
+        # A recurrent layer sits under its checkpoint name (linear_attn, conv); `recurrent` finds it.
+        self.recurrent_name = config.family.mixer_name if layer.linear else None
+        if self.recurrent_name is not None:
+            self.add_module(self.recurrent_name, recurrent_layer(config))
         else:
             self.self_attn = Attention(config, layer, shards)
         self.mlp: MLP | SparseMoE
@@ -117,6 +118,10 @@ class DecoderLayer(nn.Module):
             self.mlp = SparseMoE(config.moe, config.hidden_size, config.activation)
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size, config.mlp_bias, config.activation)
+
+    @property
+    def recurrent(self) -> RecurrentLayer | None:
+        return None if self.recurrent_name is None else getattr(self, self.recurrent_name)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         if (
@@ -131,9 +136,10 @@ class DecoderLayer(nn.Module):
 
     def forward_modules(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: ForwardMetadata) -> torch.Tensor:
         mixer_in = _normed(self.attn_in_norm, hidden)
-        if self.linear_attn is not None:
+        recurrent = self.recurrent
+        if recurrent is not None:
             assert meta.states is not None
-            attention = self.linear_attn(mixer_in, meta.states)
+            attention = recurrent(mixer_in, meta.states)
         else:
             attention = self._summed(self.self_attn(mixer_in, cos, sin, meta))
         hidden = hidden + _normed(self.attn_out_norm, attention)
@@ -210,6 +216,14 @@ class DecoderLayer(nn.Module):
         return hidden
 
 
+def recurrent_layer(config: DecoderConfig) -> RecurrentLayer:
+    """The family's recurrent layer, sized by the config."""
+    if isinstance(config.linear_attention, ShortConvConfig):
+        return ShortConv(config.linear_attention, config.hidden_size)
+    assert config.linear_attention is not None
+    return GatedDeltaNet(config.linear_attention, config.hidden_size, config.rms_norm_eps)
+
+
 def _normed(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
     return x if norm is None else norm(x)
 
@@ -264,9 +278,10 @@ class Decoder(nn.Module):
             "self_attn.qkv_proj": [("self_attn.q_proj", q_rows), ("self_attn.k_proj", kv_rows), ("self_attn.v_proj", kv_rows)],
             "mlp.gate_up_proj": [("mlp.gate_proj", c.intermediate_size), ("mlp.up_proj", c.intermediate_size)],
         }
-        linear = next((layer.linear_attn for layer in self.layers if layer.linear_attn is not None), None)
-        if linear is not None:
-            shards["linear_attn.in_proj"] = [(f"linear_attn.{name}", rows) for name, rows in linear.input_rows()]
+        delta_net = next((layer.recurrent for layer in self.layers if isinstance(layer.recurrent, GatedDeltaNet)), None)
+        if delta_net is not None:
+            name = c.family.mixer_name
+            shards[f"{name}.in_proj"] = [(f"{name}.{projection}", rows) for projection, rows in delta_net.input_rows()]
         if c.moe is not None and c.moe.shared_expert_size:
             size = c.moe.shared_expert_size
             shards["mlp.shared_expert.gate_up_proj"] = [("mlp.shared_expert.gate_proj", size), ("mlp.shared_expert.up_proj", size)]
@@ -279,7 +294,9 @@ class Decoder(nn.Module):
         shards = self.fused_shards()
         targets = []
         for index, layer in enumerate(self.layers):
-            paths = _LINEAR_ATTENTION_LINEARS if layer.linear_attn is not None else _ATTENTION_LINEARS
+            paths = _ATTENTION_LINEARS
+            if layer.recurrent_name is not None:
+                paths = (f"{layer.recurrent_name}.in_proj", f"{layer.recurrent_name}.out_proj")
             if isinstance(layer.mlp, MLP):
                 paths += _MLP_LINEARS
             elif layer.mlp.shared_expert is not None:
@@ -288,7 +305,8 @@ class Decoder(nn.Module):
                 parent_path, _, attribute = path.rpartition(".")
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
-                targets.append(AdapterTarget(parent, attribute, [(f"model.layers.{index}.{name}", rows) for name, rows in parts]))
+                checkpoint_parts = [(f"model.{self.config.family.checkpoint_name(f'layers.{index}.{name}.weight')}", rows) for name, rows in parts]
+                targets.append(AdapterTarget(parent, attribute, [(name.removesuffix(".weight"), rows) for name, rows in checkpoint_parts]))
         return targets
 
     def hf_names(self) -> dict[str, str]:
@@ -337,7 +355,7 @@ class Decoder(nn.Module):
                     break
             else:
                 slots[renames.get(name, name)] = (param, slice(None))
-        return slots
+        return {self.config.family.checkpoint_name(name): slot for name, slot in slots.items()}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], norm_offset: float | None = None) -> None:
         """HF names (`model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`). norm_offset is

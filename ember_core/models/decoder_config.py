@@ -20,7 +20,7 @@ ACTIVATIONS: dict[str, Activation] = {
     "gelu_new": "gelu_tanh",
     "gelu_fast": "gelu_tanh",
 }
-SLIDING, FULL, LINEAR = "sliding_attention", "full_attention", "linear_attention"
+SLIDING, FULL, LINEAR, SHORT_CONV = "sliding_attention", "full_attention", "linear_attention", "conv"
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,19 @@ class LinearAttentionConfig:
 
 
 @dataclass(frozen=True)
+class ShortConvConfig:
+    """LFM2's gated short convolution: its kernel over the last positions, and whether its
+    projections and convolution carry biases."""
+
+    kernel: int
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel < 1:
+            raise ValueError(f"conv_L_cache must be >= 1, got {self.kernel}")
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     """A mixture-of-experts MLP: a router's softmax picks top_k of num_experts gated MLPs per token,
     whose outputs add up weighted by their probabilities (renormalised over the top k or not)."""
@@ -106,7 +119,8 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     moe: MoEConfig | None = None  # set when some layer has sparse_mlp
-    linear_attention: LinearAttentionConfig | None = None  # set when some layer is linear
+    # set when some layer is recurrent: a Gated DeltaNet's sizes (Qwen3.5) or a short convolution's (LFM2)
+    linear_attention: LinearAttentionConfig | ShortConvConfig | None = None
     pooling: Pooling | None = None  # a GGUF file's <arch>.pooling_type (pooling.py reads the others')
 
     def __post_init__(self) -> None:
@@ -162,6 +176,7 @@ class DecoderConfig:
         moe = hf_moe_config(family, cfg)
         sparse = hf_sparse_layers(cfg) if moe is not None else [False] * len(layer_types)
         linear = hf_linear_layers(family, cfg)
+        intermediate_size = cfg["intermediate_size"] if family.mixer != "short_conv" else lfm2_feed_forward_size(cfg)
         if cfg.get("clip_qkv") is not None:
             raise ValueError(f"{family.name} checkpoints with clip_qkv are not supported (clip_qkv={cfg['clip_qkv']})")
         return cls(
@@ -172,12 +187,12 @@ class DecoderConfig:
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
-            intermediate_size=cfg["intermediate_size"],
+            intermediate_size=intermediate_size,
             layers=tuple(
                 LayerSpec(window if kind == SLIDING else None, ropes[kind], sparse_layer, linear_layer)
                 for kind, sparse_layer, linear_layer in zip(layer_types, sparse, linear)
             ),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=cfg.get(family.norm_eps_key, 1e-6),
             activation=ACTIVATIONS[activation],
             qkv_bias=attention_bias or (family.attention_bias == "qkv" and cfg.get("qkv_bias", True)),
             o_bias=attention_bias and family.attention_bias == "config",
@@ -185,11 +200,11 @@ class DecoderConfig:
             query_scale=cfg["query_pre_attn_scalar"] ** -0.5 if family.query_pre_attn_scalar else None,
             attn_logit_softcap=cfg.get("attn_logit_softcapping") if family.attn_logit_softcapping else None,
             final_logit_softcap=cfg.get("final_logit_softcapping") if family.final_logit_softcapping else None,
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", cfg.get("tie_embedding", False)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             moe=moe,
-            linear_attention=hf_linear_attention_config(cfg) if any(linear) else None,
+            linear_attention=hf_recurrent_config(family, cfg) if any(linear) else None,
         )
 
 
@@ -207,21 +222,42 @@ def hf_moe_config(family: Family, cfg: dict[str, Any]) -> MoEConfig | None:
 
 
 def hf_linear_layers(family: Family, cfg: dict[str, Any]) -> list[bool]:
-    """Which layers are linear attention: `layer_types`' "linear_attention" entries, in a family
-    that has them (Qwen3.5 writes them out; its config class derives them from full_attention_interval)."""
+    """Which layers are recurrent: `layer_types`' entries of the family's recurrent kind ("linear_attention",
+    LFM2's "conv"), in a family that has them; without layer_types, Qwen3.5's full_attention_interval
+    or LFM2's full_attn_idxs, as their config classes derive them."""
     num_layers = cfg["num_hidden_layers"]
     if not family.linear_attention:
         return [False] * num_layers
+    recurrent = SHORT_CONV if family.mixer == "short_conv" else LINEAR
     layer_types = cfg.get("layer_types")
+    if layer_types is None and family.mixer == "short_conv":
+        full = set(cfg.get("full_attn_idxs") or range(num_layers))
+        return [index not in full for index in range(num_layers)]
     if layer_types is None:
         interval = cfg.get("full_attention_interval") or 4
         return [(index + 1) % interval != 0 for index in range(num_layers)]
-    if len(layer_types) != num_layers or not set(layer_types) <= {LINEAR, FULL}:
-        raise ValueError(f"config.json: layer_types must list {LINEAR!r} or {FULL!r} for each of the {num_layers} layers")
-    return [kind == LINEAR for kind in layer_types]
+    if len(layer_types) != num_layers or not set(layer_types) <= {recurrent, FULL}:
+        raise ValueError(f"config.json: layer_types must list {recurrent!r} or {FULL!r} for each of the {num_layers} layers")
+    return [kind == recurrent for kind in layer_types]
 
 
-def hf_linear_attention_config(cfg: dict[str, Any]) -> LinearAttentionConfig:
+def lfm2_feed_forward_size(cfg: dict[str, Any]) -> int:
+    """LFM2's MLP width as its config class adjusts it: 2/3 of block_ff_dim, times
+    block_ffn_dim_multiplier, rounded up to block_multiple_of."""
+    size = cfg.get("block_ff_dim") or cfg["intermediate_size"]
+    if not cfg.get("block_auto_adjust_ff_dim", True):
+        return size
+    size = int(2 * size / 3)
+    if cfg.get("block_ffn_dim_multiplier") is not None:
+        size = int(cfg["block_ffn_dim_multiplier"] * size)
+        multiple = cfg.get("block_multiple_of", 256)
+        size = multiple * ((size + multiple - 1) // multiple)
+    return size
+
+
+def hf_recurrent_config(family: Family, cfg: dict[str, Any]) -> LinearAttentionConfig | ShortConvConfig:
+    if family.mixer == "short_conv":
+        return ShortConvConfig(kernel=cfg.get("conv_L_cache", 3), bias=bool(cfg.get("conv_bias", False)))
     return LinearAttentionConfig(
         num_key_heads=cfg["linear_num_key_heads"],
         num_value_heads=cfg["linear_num_value_heads"],

@@ -67,15 +67,36 @@ class Family:
     # Attention multiplies its output by sigmoid of a gate that q_proj computes beside each head's
     # query (q_proj's rows per head: query, then gate): Qwen3.5, Qwen3-Next.
     gated_attention: bool = False
-    # Layers whose `layer_types` entry is "linear_attention" mix tokens through a recurrent state
-    # instead of attention (layers/gated_delta_net.py): Qwen3.5's Gated DeltaNet.
+    # Some layers mix tokens through a recurrent state instead of attention: Qwen3.5's Gated DeltaNet
+    # where `layer_types` says "linear_attention" (layers/gated_delta_net.py), LFM2's short
+    # convolution where it says "conv" (layers/short_conv.py); mixer_name is that module's
+    # checkpoint name under model.layers.N.
     linear_attention: bool = False
+    mixer: Literal["gated_delta_net", "short_conv"] = "gated_delta_net"
+    mixer_name: str = "linear_attn"
+    # ember's module path -> the checkpoint's, within a layer (`self_attn.o_proj`) or at the top
+    # (`norm`), where a family names them apart from the Llama-like ones (LFM2).
+    checkpoint_names: tuple[tuple[str, str], ...] = ()
+    norm_eps_key: str = "rms_norm_eps"  # config.json's key of the RMSNorms' epsilon
+    gguf_output_norm: str = "output_norm"  # llama.cpp's name of the final norm (LFM2: token_embd_norm)
     # Checkpoint tensors of parts ember does not run: a multimodal checkpoint's vision tower, a
     # multi-token-prediction head.
     ignored_weights: tuple[str, ...] = ()
     # The slot of llama.cpp's post_attention_norm tensor: a norm after attention (Gemma, OLMo 2), or
     # the MLP's input norm where the converter names Qwen3.5's post_attention_layernorm so.
     gguf_post_attention_norm: NormSlot = "attn_out"
+
+    def checkpoint_name(self, name: str) -> str:
+        """A parameter's name in ember's Llama-like spelling (`layers.0.self_attn.o_proj.weight`) as
+        the family's checkpoints spell it."""
+        renames = dict(self.checkpoint_names)
+        if not renames:
+            return name
+        module, _, kind = name.rpartition(".")
+        if module.startswith("layers."):
+            _, index, path = module.split(".", 2)
+            return f"layers.{index}.{renames.get(path, path)}.{kind}"
+        return f"{renames.get(module, module)}.{kind}"
 
     def norm_name(self, slot: NormSlot) -> str | None:
         return dict(self.norms).get(slot)
@@ -141,6 +162,17 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_5_text", **_QWEN3_5, config_defaults=_QWEN3_5_DEFAULTS),
         Family("qwen3_5_moe_text", **_QWEN3_5, experts=ExpertStyle(),
                config_defaults=(*_QWEN3_5_DEFAULTS, ("norm_topk_prob", True))),
+        # LFM2: gated short convolutions beside grouped-query attention, its own module names.
+        Family("lfm2", (("attn_in", "operator_norm"), ("mlp_in", "ffn_norm")), qk_norm="head", linear_attention=True,
+               mixer="short_conv", mixer_name="conv", norm_eps_key="norm_eps", gguf_output_norm="token_embd_norm",
+               checkpoint_names=(
+                   ("self_attn.o_proj", "self_attn.out_proj"), ("self_attn.q_norm", "self_attn.q_layernorm"),
+                   ("self_attn.k_norm", "self_attn.k_layernorm"), ("mlp.gate_proj", "feed_forward.w1"),
+                   ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2"), ("norm", "embedding_norm"),
+               ), config_defaults=(
+                   ("norm_eps", 1e-5), ("conv_L_cache", 3), ("conv_bias", False), ("block_auto_adjust_ff_dim", True),
+                   ("block_ffn_dim_multiplier", 1.0), ("block_multiple_of", 256), ("tie_word_embeddings", True),
+               )),
     )
 }  # fmt: skip
 
@@ -158,4 +190,5 @@ GGUF_ARCHITECTURES: dict[str, Family] = {
     "olmo2": FAMILIES["olmo2"],
     "qwen35": FAMILIES["qwen3_5_text"],
     "qwen35moe": FAMILIES["qwen3_5_moe_text"],
+    "lfm2": FAMILIES["lfm2"],
 }

@@ -43,7 +43,7 @@ _CONV1D_WEIGHTS = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 # decide which experts run; a recurrent layer's convolution).
 _UNQUANTIZED = (
     gguf.MODEL_TENSOR.POS_EMBD, gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP,
-    gguf.MODEL_TENSOR.SSM_CONV1D,
+    gguf.MODEL_TENSOR.SSM_CONV1D, gguf.MODEL_TENSOR.SHORTCONV_CONV,
 )
 # A Hugging Face checkpoint's one expert's projection: convert_hf_to_gguf.py stacks the experts of a
 # layer into one [experts, rows, columns] tensor.

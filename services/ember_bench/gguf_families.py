@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ember_bench.families import FAMILIES
+from ember_core.models.decoder_config import lfm2_feed_forward_size
 
 Config = dict[str, Any]
 
@@ -295,6 +296,22 @@ def _qwen35_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Te
     return data
 
 
+def _lfm2_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    """LFM2Model's keys: KV heads per layer (0 for a convolution layer), the convolution's cache
+    length, its epsilon key and its adjusted MLP width."""
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    _decoder_hparams({
+        **config, "rms_norm_eps": config["norm_eps"], "intermediate_size": lfm2_feed_forward_size(config),
+        "num_key_value_heads": [kv_heads if kind != "conv" else 0 for kind in config["layer_types"]],
+    }, writer)  # fmt: skip
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_shortconv_l_cache(config["conv_L_cache"])
+
+
+def _lfm2_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Tensor:
+    return data.squeeze(1) if "conv.conv" in hf_name and data.dim() == 3 else data
+
+
 def _qwen35_name(name: str) -> str:
     return name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
 
@@ -323,6 +340,7 @@ _BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_
     "Qwen3_5ForCausalLM": GGUFFamily(
         gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
     ),
+    "Lfm2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.LFM2, _lfm2_hparams, reshape_tensor=_lfm2_tensor),
     "Qwen3_5MoeForCausalLM": GGUFFamily(
         gguf.MODEL_ARCH.QWEN35MOE, _qwen35moe_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
     ),

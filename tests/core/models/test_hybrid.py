@@ -1,5 +1,5 @@
-"""Qwen3.5's hybrid decoder (Gated DeltaNet layers beside gated attention), dense and with experts,
-against transformers' own class with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
+"""The hybrid decoders (Qwen3.5's Gated DeltaNet layers beside gated attention, dense and with experts;
+LFM2's short convolutions beside attention) against transformers' own classes with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
 linear layers keep a recurrent state per sequence: batch, chunked prefill, block size and
 preemption never change a token or a logprob, in float32 and bfloat16; every state slot and block
 comes back."""
@@ -16,8 +16,9 @@ from ember_bench.gguf_export import export_gguf
 from ember_core import LLM, SamplingParams
 from ember_core.layers.gated_delta_net import GatedDeltaNet, _gated_delta_net_torch
 from ember_core.layers.recurrent_batch import RecurrentBatch
+from ember_core.layers.short_conv import ShortConv, _short_conv_torch
 from ember_core.loaders import load_model
-from ember_core.models.decoder_config import LinearAttentionConfig
+from ember_core.models.decoder_config import LinearAttentionConfig, ShortConvConfig
 from tests.conftest import assert_pool_free
 from tests.families import COMMON, HYBRID, HYBRID_FAMILIES, token_prompts, write_hybrid_checkpoint
 
@@ -26,7 +27,7 @@ MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", params=HYBRID_FAMILIES)
+@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
     model_dir = tmp_path_factory.mktemp(request.param)
     return model_dir, write_hybrid_checkpoint(model_dir, family=request.param)
@@ -40,9 +41,9 @@ def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int])
 
 
 def test_the_layer_pattern_loads_with_attention_layers_only_in_the_kv_pool(checkpoint) -> None:
-    model_dir, _ = checkpoint
+    model_dir, hf_model = checkpoint
     model = load_model(str(model_dir), torch.device("cpu"), torch.float32).model
-    assert [layer.linear for layer in model.config.layers] == [kind == "linear_attention" for kind in HYBRID["layer_types"]]
+    assert [layer.linear for layer in model.config.layers] == [kind != "full_attention" for kind in hf_model.config.layer_types]
     llm = LLM(str(model_dir), num_blocks=64, block_size=4, device="cpu", dtype="float32", max_num_seqs=3)
     assert llm.engine.runner.layout.layers_per_group == 2  # the two full-attention layers
     assert llm.engine.state_slots.num_slots == 3
@@ -98,16 +99,17 @@ def test_the_torch_mixer_computes_what_the_kernel_does(tiled: bool) -> None:
             param.normal_(0.0, 0.3)
     states = {}
     for run in ("kernel", "torch"):
-        conv_shape, recurrent_shape = layer.state_shapes()
-        layer.conv_state = torch.randn(3, *conv_shape, generator=torch.Generator().manual_seed(1))
-        layer.recurrent_state = torch.randn(3, *recurrent_shape, generator=torch.Generator().manual_seed(2))
+        layer.states = [
+            torch.randn(3, *shape, generator=torch.Generator().manual_seed(seed))
+            for seed, (shape, _) in enumerate(layer.state_specs())
+        ]
         # A sequence continuing in slot 2, a fresh one in slot 0, a decode in slot 1.
         batch = RecurrentBatch.of([5, 7, 1], [2, 0, 1], [False, True, False], torch.device("cpu"))
         hidden = torch.randn(13, 32, generator=torch.Generator().manual_seed(4))
         with torch.no_grad():
             projected = layer.in_proj(hidden).contiguous()
             operands = (projected, layer.conv1d.weight.view(config.conv_size, -1), layer.A_log, layer.dt_bias,
-                        layer.norm.weight, layer.eps, layer.conv_state, layer.recurrent_state)
+                        layer.norm.weight, layer.eps, *layer.states)
             if run == "kernel":
                 from ember_core.kernels import cpu_ops
 
@@ -116,7 +118,7 @@ def test_the_torch_mixer_computes_what_the_kernel_does(tiled: bool) -> None:
                 out = cpu_ops.ops().gated_delta_net(*operands, batch.starts, batch.slots, batch.fresh, 2, 8, 12, tiled)
             else:
                 out = _gated_delta_net_torch(config, *operands, batch)
-        states[run] = (out, layer.conv_state, layer.recurrent_state)
+        states[run] = (out, *layer.states)
     for kernel_tensor, torch_tensor in zip(states["kernel"], states["torch"]):
         torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=1e-5, atol=1e-5)
 
@@ -125,7 +127,7 @@ def test_the_torch_mixer_computes_what_the_kernel_does(tiled: bool) -> None:
     ("flags", "message"),
     [
         (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2}), "speculative decoding"),
-        (dict(kv_cache_mib=0.01), "state pool"),
+        (dict(kv_cache_mib=0.0001), "state pool"),
     ],
 )
 def test_what_a_hybrid_cannot_run_with_is_refused_in_one_line(checkpoint, flags: dict, message: str) -> None:
@@ -147,7 +149,7 @@ def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> No
     assert llm.generate([prompt], GREEDY)[0].token_ids == _transformers_greedy(hf_model, prompt)
 
 
-@pytest.fixture(scope="module", params=HYBRID_FAMILIES)
+@pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
 def gguf_files(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[dict[str, Path], transformers.PreTrainedModel]:
@@ -155,7 +157,8 @@ def gguf_files(
     convert_hf_to_gguf.py): q/k and value heads of one width, as llama.cpp requires, value heads
     tiled, the decay as -exp(A_log)."""
     model_dir = tmp_path_factory.mktemp(f"{request.param}_gguf")
-    hf_model = write_hybrid_checkpoint(model_dir, seed=1, family=request.param, linear_key_head_dim=12)
+    equal_widths = {} if request.param == "lfm2" else {"linear_key_head_dim": 12}
+    hf_model = write_hybrid_checkpoint(model_dir, seed=1, family=request.param, **equal_widths)
     return {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}, hf_model
 
 
@@ -197,3 +200,28 @@ def test_a_conversations_next_turn_resumes_from_its_state_checkpoint(checkpoint,
     assert cached.stats().num_prefix_cache_hits - hits == (len(second_prompt) - 1) // 4 * 4
     assert (again.token_ids, again.logprobs) == (expected.token_ids, expected.logprobs)
     assert_pool_free(cached)
+
+
+def test_the_torch_short_convolution_computes_what_the_kernel_does() -> None:
+    from ember_core.kernels import cpu_ops
+
+    if not cpu_ops.is_available():
+        pytest.skip("no C++ toolchain: only the torch short convolution runs here")
+    torch.manual_seed(3)
+    layer = ShortConv(ShortConvConfig(kernel=4, bias=True), hidden_size=32)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0.0, 0.3)
+    batch = RecurrentBatch.of([5, 7, 1], [2, 0, 1], [False, True, False], torch.device("cpu"))
+    projected = torch.randn(13, 96, generator=torch.Generator().manual_seed(4))
+    weight = layer.conv.weight.view(32, -1)
+    runs = []
+    for run in ("kernel", "torch"):
+        state = torch.randn(3, 32, 3, generator=torch.Generator().manual_seed(1))
+        if run == "kernel":
+            out = cpu_ops.ops().short_conv(projected, weight, layer.conv.bias, state, batch.starts, batch.slots, batch.fresh)
+        else:
+            out = _short_conv_torch(projected, weight, layer.conv.bias, state, batch)
+        runs.append((out, state))
+    for kernel_tensor, torch_tensor in zip(*runs):
+        torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=1e-5, atol=1e-5)
