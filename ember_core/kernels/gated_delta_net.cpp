@@ -116,22 +116,26 @@ void recur(const T* projected, const float* convolved, const T* a_log, const T* 
             std::exp(decay_rate * softplus(static_cast<float>(gates[heads + h]) + static_cast<float>(dt_bias[h])));
         // Two passes over S (decay while recalling, then correct while answering), each element's
         // arithmetic and each sum's order as in five separate loops.
-        for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
+        float* __restrict__ recalled = kv.data();
+        float* __restrict__ correction = delta.data();
+        float* __restrict__ o = core + token * s.value_size() + h * dv;
+        for (int64_t j = 0; j < dv; ++j) recalled[j] = 0.0f;
         for (int64_t i = 0; i < dk; ++i) {
-          float* row = state + i * dv;
+          float* __restrict__ row = state + i * dv;
+          const float key = k[i];
           for (int64_t j = 0; j < dv; ++j) {
             row[j] *= decay;
-            kv[j] += row[j] * k[i];
+            recalled[j] += row[j] * key;
           }
         }
-        for (int64_t j = 0; j < dv; ++j) delta[j] = (v[j] - kv[j]) * beta;
-        float* o = core + token * s.value_size() + h * dv;
+        for (int64_t j = 0; j < dv; ++j) correction[j] = (v[j] - recalled[j]) * beta;
         for (int64_t j = 0; j < dv; ++j) o[j] = 0.0f;
         for (int64_t i = 0; i < dk; ++i) {
-          float* row = state + i * dv;
+          float* __restrict__ row = state + i * dv;
+          const float key = k[i], query = q[i];
           for (int64_t j = 0; j < dv; ++j) {
-            row[j] += k[i] * delta[j];
-            o[j] += row[j] * q[i];
+            row[j] += key * correction[j];
+            o[j] += row[j] * query;
           }
         }
       }
