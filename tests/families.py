@@ -21,9 +21,10 @@ COMMON = dict(
     pad_token_id=0,
 )  # fmt: skip
 WINDOW = TEST_WINDOW
-# The decoder families (GPT-2, ember's other model, has tests/conftest.py's checkpoint), each with its
-# switches from ember_bench.families' one table, which the bench's random checkpoints read too.
-FAMILIES: dict[str, Family] = {name: family for name, family in ALL_FAMILIES.items() if family.decoder}
+# The decoder families (GPT-2, ember's other model, has tests/conftest.py's checkpoint; the hybrids
+# have tests/core/models/test_hybrid.py), each with its switches from ember_bench.families' one
+# table, which the bench's random checkpoints read too.
+FAMILIES: dict[str, Family] = {name: family for name, family in ALL_FAMILIES.items() if family.decoder and not family.hybrid}
 
 
 # What a GGUF file cannot say, so llama.cpp reads these otherwise: a window in the llama

@@ -172,7 +172,7 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     )
     make_model.add_argument("--family", required=True, help=", ".join(FAMILIES))
     make_model.add_argument("--preset", help="a benchmark shape instead of the tiny default: qwen2.5-0.5b, "
-                                             "qwen3-moe-bench or qwen3-dense-bench")
+                                             "qwen3-moe-bench, qwen3-dense-bench or qwen3.5-0.8b")
     make_model.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                             help="config values over the shape, VALUE as JSON: num_hidden_layers=4 sliding_window=8")
     make_model.add_argument("--seed", type=int, default=0)
@@ -212,7 +212,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     families = commands.add_parser(
         "families", help="every model family's decode step at the same shapes, against Llama's (random GGUF models)"
     )
-    dense_decoders = ",".join(name for name, family in FAMILIES.items() if family.decoder and not family.moe)
+    dense_decoders = ",".join(
+        name for name, family in FAMILIES.items() if family.decoder and not family.moe and not family.hybrid
+    )
     families.add_argument("--families", default=dense_decoders, metavar="F1,F2,...", help="the first is the baseline")
     families.add_argument("--type", default="Q8_0", metavar="TYPE", help="the GGUF type the models are written in")
     families.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -223,6 +225,19 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     families.add_argument("--output-json", metavar="PATH")
     families.set_defaults(bench_handler=_families)
     add_log_level_argument(families, default=argparse.SUPPRESS)
+
+    context = commands.add_parser(
+        "context", help="one stream's decode time at a short and a long context, and a conversation's next-turn TTFT"
+    )
+    context.add_argument("--url", required=True, help="a running server, e.g. http://127.0.0.1:8000")
+    context.add_argument("--short", type=int, default=100, help="prompt tokens of the short context")
+    context.add_argument("--long", type=int, default=8000, help="prompt tokens of the long context")
+    context.add_argument("--turn", type=int, default=2000, help="prompt tokens of a conversation's first turn")
+    context.add_argument("--output", type=int, default=32, help="tokens each request generates")
+    context.add_argument("--rounds", type=int, default=3, help="requests per measurement (their median)")
+    context.add_argument("--output-json", metavar="PATH")
+    context.set_defaults(bench_handler=_context)
+    add_log_level_argument(context, default=argparse.SUPPRESS)
 
     moe = commands.add_parser(
         "moe", help="a mixture of experts' decode step against the dense model of its active size (random GGUF models)"
@@ -584,6 +599,17 @@ def _fidelity(args: argparse.Namespace) -> int:
         report[llama_name] = llama
     if args.output_json:
         write_json(args.output_json, report)
+    return 0
+
+
+def _context(args: argparse.Namespace) -> int:
+    from ember_bench.context_costs import run
+    from ember_bench.report import write_json
+
+    costs = run(args.url, args.short, args.long, args.turn, args.output, args.rounds)
+    print(costs.report())
+    if args.output_json:
+        write_json(Path(args.output_json), costs.as_json())
     return 0
 
 

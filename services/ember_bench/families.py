@@ -44,6 +44,10 @@ _TINY_WITH_HEAD_DIM = {**_TINY_DECODER, "head_dim": 16}  # configs whose head_di
 _TINY_GEMMA = {**_TINY_WITH_HEAD_DIM, "query_pre_attn_scalar": 16, "sliding_window": 16}  # llama.cpp scales by head_dim
 # 8 experts of 64 (the expert size where config.json names it intermediate_size), top-2.
 _TINY_MOE = {**_TINY_DECODER, "intermediate_size": 64, "num_experts": 8, "num_local_experts": 8, "num_experts_per_tok": 2}
+_TINY_HYBRID = {
+    **_TINY_WITH_HEAD_DIM, "num_hidden_layers": 4, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+}
 _SPM_SPECIALS = SpecialTokens(bos="<s>", eos="</s>", unk="<unk>", add_bos=True)
 _GEMMA_SPECIALS = SpecialTokens(bos="<bos>", eos="<eos>", unk="<unk>", pad="<pad>", add_bos=True)
 _QWEN_SPECIALS = SpecialTokens(bos=None, eos="<|im_end|>", pad="<|endoftext|>")
@@ -66,6 +70,9 @@ class Family:
     decoder: bool = True  # run by ember's one decoder (ember_core/models/family.py); GPT-2 has its own model
     zero_centered_norms: bool = False  # Gemma's RMSNorm scales by (1 + w)
     embeddings_times_sqrt_hidden: bool = False  # Gemma scales its input embeddings up
+    # Recurrent layers beside attention (a state pool): tested by tests/core/models/test_hybrid.py,
+    # not the family table's tests.
+    hybrid: bool = False
 
 
 # In this order `ember bench families` runs the dense decoders (the first, Llama, is its baseline).
@@ -134,6 +141,16 @@ FAMILIES: dict[str, Family] = {
         Family("olmoe", "OlmoeConfig", "OlmoeForCausalLM", "gpt2", _GPT2_SPECIALS, {**_TINY_MOE, "num_key_value_heads": 4},
                dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64, norm_topk_prob=False),
                moe=True),
+        # The hybrids: Qwen3.5 (three Gated DeltaNet layers, then full attention), its MoE, LFM2 (short
+        # convolutions); q/k and value heads of one width, as llama.cpp requires.
+        Family("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", "qwen2", _QWEN_SPECIALS,
+               dict(_TINY_HYBRID), zero_centered_norms=True, hybrid=True),
+        Family("qwen3_5_moe", "Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", "qwen2", _QWEN_SPECIALS,
+               {**_TINY_HYBRID, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                "shared_expert_intermediate_size": 64}, moe=True, zero_centered_norms=True, hybrid=True),
+        Family("lfm2", "Lfm2Config", "Lfm2ForCausalLM", "qwen2", _GPT2_SPECIALS,
+               {**_TINY_DECODER, "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+                "block_multiple_of": 64}, hybrid=True),
         Family("gpt2", "GPT2Config", "GPT2LMHeadModel", "gpt2", SpecialTokens(bos="<|endoftext|>", eos="<|endoftext|>"),
                {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}, decoder=False),
     )

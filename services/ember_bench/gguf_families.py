@@ -333,18 +333,14 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
     "gemma3": GGUFFamily(gguf.MODEL_ARCH.GEMMA3, _gemma3_hparams, norm_shift=1.0),
     "phi3": GGUFFamily(gguf.MODEL_ARCH.PHI3, _phi3_hparams, extra_tensors=_phi3_rope_factors),
     "gpt2": GGUFFamily(gguf.MODEL_ARCH.GPT2, _gpt2_hparams, conv1d_weights=True),
-}
-# config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written;
-# the hybrid Qwen3.5 besides (its tests are tests/core/models/test_hybrid.py's, not the family table's).
-_BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()} | {
-    "Qwen3_5ForCausalLM": GGUFFamily(
-        gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
-    ),
-    "Lfm2ForCausalLM": GGUFFamily(gguf.MODEL_ARCH.LFM2, _lfm2_hparams, reshape_tensor=_lfm2_tensor),
-    "Qwen3_5MoeForCausalLM": GGUFFamily(
+    "qwen3_5": GGUFFamily(gguf.MODEL_ARCH.QWEN35, _qwen35_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name),
+    "qwen3_5_moe": GGUFFamily(
         gguf.MODEL_ARCH.QWEN35MOE, _qwen35moe_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
     ),
+    "lfm2": GGUFFamily(gguf.MODEL_ARCH.LFM2, _lfm2_hparams, reshape_tensor=_lfm2_tensor),
 }
+# config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written
+_BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()}
 
 
 def family_of(config: Config) -> GGUFFamily:

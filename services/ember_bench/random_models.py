@@ -37,6 +37,16 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-moe-bench": ("qwen3_moe", {**_BENCH_QWEN3, "num_experts": 32, "num_experts_per_tok": 4,
                                        "moe_intermediate_size": 512, "norm_topk_prob": True}),
     "qwen3-dense-bench": ("qwen3", {**_BENCH_QWEN3, "intermediate_size": 2048}),
+    # Qwen3.5-0.8B's text model: 24 layers, every fourth full attention (8 heads of 256, 2 KV heads,
+    # a quarter of each rotated), the others Gated DeltaNets (16 q/k and 16 value heads of 128).
+    "qwen3.5-0.8b": ("qwen3_5", {
+        "vocab_size": 248320, "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        "tie_word_embeddings": True,
+    }),
 }
 
 

@@ -55,7 +55,10 @@ async def _stream(
                 raise RequestFailed(f"not an OpenAI stream event: {data[:MAX_ERROR_CHARS]}")
             if event.get("error"):
                 raise RequestFailed(f"error event: {_error_message(event)}")
-            text = "".join(choice.get("text") or "" for choice in event.get("choices") or [])
+            choices = event.get("choices") or []
+            text = "".join(choice.get("text") or "" for choice in choices)
+            for choice in choices:  # requested with return_token_ids
+                result.token_ids.extend(choice.get("token_ids") or [])
             if text:
                 result.text += text
                 now = time.perf_counter()

@@ -23,6 +23,7 @@ class RequestResult:
     latency: float = 0.0  # e2e: until the last content chunk arrived
     itl: list[float] = field(default_factory=list)
     text: str = ""  # what the stream said, for a conversation's next turn
+    token_ids: list[int] = field(default_factory=list)  # the generated ids, where return_token_ids asked for them
 
 
 def tpot(result: RequestResult) -> float | None:

