@@ -13,13 +13,15 @@ import torch
 import transformers
 
 from ember_bench.gguf_export import export_gguf
-from ember_core import LLM, SamplingParams
+from ember_core import LLM, LoRARequest, SamplingParams
 from ember_core.layers.gated_delta_net import GatedDeltaNet, _gated_delta_net_torch
 from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.layers.short_conv import ShortConv, _short_conv_torch
 from ember_core.loaders import load_model
 from ember_core.models.decoder_config import LinearAttentionConfig, ShortConvConfig
 from tests.conftest import assert_pool_free
+from tests.core.lora.peft_reference import GREEDY as PEFT_GREEDY
+from tests.core.lora.peft_reference import peft_greedy, write_adapter
 from tests.families import COMMON, HYBRID, HYBRID_FAMILIES, token_prompts, write_hybrid_checkpoint
 
 PROMPT_LENGTHS = (1, 9, 70, 150)  # 150 > SMALL_BATCH_ROWS: that prompt's projections take the batched path
@@ -225,3 +227,28 @@ def test_the_torch_short_convolution_computes_what_the_kernel_does() -> None:
         runs.append((out, state))
     for kernel_tensor, torch_tensor in zip(*runs):
         torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=1e-5, atol=1e-5)
+
+
+# Per family, the projections a LoRA adapter takes: the recurrent layers' and the attention layers'.
+LORA_TARGETS = {
+    "qwen3_5": ["q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj", "gate_proj", "down_proj"],
+    "qwen3_5_moe": ["q_proj", "v_proj", "in_proj_qkv", "in_proj_b", "out_proj"],
+    "lfm2": ["q_proj", "in_proj", "out_proj", "w1", "w2"],
+}
+
+
+def test_lora_adapters_on_the_projections_equal_peft(checkpoint, tmp_path: Path) -> None:
+    """An adapter over the recurrent and attention layers' projections, alone and batched beside the
+    base model, gives PEFT's greedy tokens."""
+    model_dir, hf_model = checkpoint
+    family = next(name for name, (_, model_class, _) in HYBRID_FAMILIES.items() if type(hf_model).__name__ == model_class)
+    write_adapter(model_dir, tmp_path / "adapter", 8, LORA_TARGETS[family], False, seed=3)
+    prompts = token_prompts((9, 33))
+    expected = [peft_greedy(model_dir, tmp_path / "adapter", prompt) for prompt in prompts]
+    base = [peft_greedy(model_dir, None, prompt) for prompt in prompts]
+    assert expected != base  # the adapter shows
+    llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32", enable_lora=True)
+    adapter = LoRARequest("hybrid", 1, str(tmp_path / "adapter"))
+    assert [llm.generate([prompt], PEFT_GREEDY, lora_request=adapter)[0].token_ids for prompt in prompts] == expected
+    mixed = llm.generate(prompts + prompts, PEFT_GREEDY, lora_request=[adapter, adapter, None, None])
+    assert [output.token_ids for output in mixed] == expected + base
