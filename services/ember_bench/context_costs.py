@@ -60,6 +60,8 @@ async def measure(url: str, short: int, long: int, turn: int, output: int, round
     generator = random.Random(seed)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{url}/v1/models") as response:
+            if response.status != 200:
+                raise ValueError(f"{url}/v1/models answered {response.status}: {(await response.text())[:200]}")
             model = (await response.json())["data"][0]["id"]
 
         async def complete(prompt: list[int], max_tokens: int) -> tuple[float, float | None, list[int]]:
@@ -67,7 +69,7 @@ async def measure(url: str, short: int, long: int, turn: int, output: int, round
                        "stream": True, "return_token_ids": True}
             result = await stream_completion(session, f"{url}/v1/completions", payload, {}, timeout_s=3600)
             if not result.success:
-                raise RuntimeError(f"a request failed: {result.error}")
+                raise ValueError(f"a request failed: {result.error}")
             return result.ttft, tpot(result), result.token_ids
 
         def tokens(count: int) -> list[int]:
