@@ -32,8 +32,6 @@ def refuse_for_hybrid(config: EngineConfig) -> None:
             "speculative decoding is not supported for hybrid models (a rejected draft would have to roll the "
             "recurrent state back): drop --speculative-config"
         )
-    if config.tensor_parallel_size != 1:
-        raise ValueError("tensor parallelism does not split a hybrid model's recurrent layers yet: use --tensor-parallel-size 1")
 
 
 class StateSlots:

@@ -27,6 +27,10 @@ class DecoderShards:
 
     def __post_init__(self) -> None:
         c, n = self.config, self.parallel.world_size
+        if c.is_hybrid:
+            raise ValueError(
+                "tensor parallelism does not split a hybrid model's recurrent layers yet: use --tensor-parallel-size 1"
+            )
         checks = [
             (c.num_heads % n == 0, f"its {c.num_heads} attention heads"),
             (c.num_kv_heads % n == 0 or n % c.num_kv_heads == 0, f"its {c.num_kv_heads} KV heads (nor do they divide it)"),

@@ -19,6 +19,7 @@ from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.layers.short_conv import ShortConv, _short_conv_torch
 from ember_core.loaders import load_model
 from ember_core.models.decoder_config import LinearAttentionConfig, ShortConvConfig
+from ember_core.parallel.group import TensorParallel
 from tests.conftest import assert_pool_free
 from tests.core.lora.peft_reference import GREEDY as PEFT_GREEDY
 from tests.core.lora.peft_reference import peft_greedy, write_adapter
@@ -252,3 +253,9 @@ def test_lora_adapters_on_the_projections_equal_peft(checkpoint, tmp_path: Path)
     assert [llm.generate([prompt], PEFT_GREEDY, lora_request=adapter)[0].token_ids for prompt in prompts] == expected
     mixed = llm.generate(prompts + prompts, PEFT_GREEDY, lora_request=[adapter, adapter, None, None])
     assert [output.token_ids for output in mixed] == expected + base
+
+
+def test_tensor_parallelism_is_refused_in_one_line_before_any_rank_loads(checkpoint) -> None:
+    model_dir, _ = checkpoint
+    with pytest.raises(ValueError, match="tensor parallelism does not split a hybrid model's recurrent layers"):
+        load_model(str(model_dir), torch.device("cpu"), torch.float32, parallel=TensorParallel(0, 2))
