@@ -106,3 +106,11 @@ def write_hybrid_checkpoint(path: Path, seed: int = 0, family: str = "qwen3_5", 
                 param.normal_(0.0, 0.15)
     model.save_pretrained(path, safe_serialization=True)
     return model
+
+
+def transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int], max_tokens: int) -> list[int]:
+    """generate()'s greedy tokens: the prompt in one forward, then one token at a time over its cache."""
+    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=[], pad_token_id=0)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()

@@ -17,7 +17,7 @@ from ember_core import LLM, SamplingParams
 from ember_core.layers.linear import GGUFBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from ember_core.models.decoder import Decoder
-from tests.families import FAMILIES, GGUF_OVERRIDES, token_prompts, write_checkpoint
+from tests.families import FAMILIES, GGUF_OVERRIDES, token_prompts, transformers_greedy, write_checkpoint
 
 PROMPT_LENGTHS = (3, 20, 70)
 MAX_TOKENS = 10
@@ -32,13 +32,6 @@ def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return hf_model, {kind: export_gguf(model_dir, model_dir / f"model-{kind}.gguf", kind) for kind in ("F32", "Q8_0")}
 
 
-def _greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
-    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()
-
-
 def _ember_greedy(path: Path, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
     llm = LLM(str(path), num_blocks=256, block_size=4, device="cpu", dtype="float32", numerics="exact")
     alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
@@ -48,7 +41,7 @@ def _ember_greedy(path: Path, prompts: list[list[int]]) -> tuple[list[list[int]]
 def test_an_f32_file_gives_transformers_greedy_tokens(files) -> None:
     hf_model, paths = files
     prompts = token_prompts(PROMPT_LENGTHS)
-    expected = [_greedy(hf_model, prompt) for prompt in prompts]
+    expected = [transformers_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
     assert _ember_greedy(paths["F32"], prompts) == (expected, expected)
 
 
@@ -78,7 +71,7 @@ def test_a_q8_0_file_run_from_its_blocks_gives_the_greedy_tokens_of_its_values(f
     dequantized, _, _ = load_gguf(paths["Q8_0"], torch.device("cpu"), torch.float32, keep_blocks=False)
     reference = _with_weights_of(hf_model, dequantized)
     prompts = token_prompts(PROMPT_LENGTHS, seed=7)
-    expected = [_greedy(reference, prompt) for prompt in prompts]
+    expected = [transformers_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
     original = hf_model.state_dict()
     assert any(not torch.equal(value, original[name]) for name, value in reference.state_dict().items())
     assert _ember_greedy(paths["Q8_0"], prompts) == (expected, expected)

@@ -15,7 +15,7 @@ from ember_core.cache import BlockManager
 from ember_core.loaders import load_model
 from ember_core.models.decoder import Decoder
 from tests.conftest import assert_pool_free
-from tests.families import FAMILIES, WINDOW, token_prompts, write_checkpoint
+from tests.families import FAMILIES, WINDOW, token_prompts, transformers_greedy, write_checkpoint
 
 # 150 > SMALL_BATCH_ROWS: that prompt's prefill takes the batched SDPA path; every prompt is longer
 # than the windows; Phi-3's LongRoPE turns its long table on past 64 positions.
@@ -29,14 +29,6 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     family = request.param
     model_dir = tmp_path_factory.mktemp(family)
     return family, model_dir, write_checkpoint(family, model_dir)
-
-
-def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
-    """generate()'s greedy tokens: the prompt in one forward, then one token at a time over its cache."""
-    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()
 
 
 def test_the_family_loads_as_the_one_decoder_with_its_switches(checkpoint) -> None:
@@ -54,7 +46,7 @@ def test_the_family_loads_as_the_one_decoder_with_its_switches(checkpoint) -> No
 def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
     _, model_dir, hf_model = checkpoint
     prompts = token_prompts(PROMPT_LENGTHS)
-    expected = [_transformers_greedy(hf_model, prompt) for prompt in prompts]
+    expected = [transformers_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
     llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32")
     alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
     batched = [output.token_ids for output in llm.generate(prompts, GREEDY)]

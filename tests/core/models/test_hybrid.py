@@ -23,7 +23,7 @@ from ember_core.parallel.group import TensorParallel
 from tests.conftest import assert_pool_free
 from tests.core.lora.peft_reference import GREEDY as PEFT_GREEDY
 from tests.core.lora.peft_reference import peft_greedy, write_adapter
-from tests.families import COMMON, HYBRID, HYBRID_FAMILIES, token_prompts, write_hybrid_checkpoint
+from tests.families import COMMON, HYBRID, HYBRID_FAMILIES, token_prompts, transformers_greedy, write_hybrid_checkpoint
 
 PROMPT_LENGTHS = (1, 9, 70, 150)  # 150 > SMALL_BATCH_ROWS: that prompt's projections take the batched path
 MAX_TOKENS = 12
@@ -34,13 +34,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, transformers.PreTrainedModel]:
     model_dir = tmp_path_factory.mktemp(request.param)
     return model_dir, write_hybrid_checkpoint(model_dir, family=request.param)
-
-
-def _transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int]) -> list[int]:
-    generation = transformers.GenerationConfig(do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[], pad_token_id=0)
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=generation)[0, len(prompt) :].tolist()
 
 
 def test_the_layer_pattern_loads_with_attention_layers_only_in_the_kv_pool(checkpoint) -> None:
@@ -55,7 +48,7 @@ def test_the_layer_pattern_loads_with_attention_layers_only_in_the_kv_pool(check
 def test_greedy_tokens_equal_transformers_alone_and_batched(checkpoint) -> None:
     model_dir, hf_model = checkpoint
     prompts = token_prompts(PROMPT_LENGTHS)
-    expected = [_transformers_greedy(hf_model, prompt) for prompt in prompts]
+    expected = [transformers_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
     llm = LLM(str(model_dir), num_blocks=256, block_size=4, device="cpu", dtype="float32")
     alone = [llm.generate([prompt], GREEDY)[0].token_ids for prompt in prompts]
     batched = [output.token_ids for output in llm.generate(prompts, GREEDY)]
@@ -149,7 +142,7 @@ def test_a_multimodal_checkpoint_serves_its_language_model(tmp_path: Path) -> No
     hf_model.eval().save_pretrained(tmp_path, safe_serialization=True)
     prompt = token_prompts((11,), seed=7)[0]
     llm = LLM(str(tmp_path), num_blocks=64, block_size=4, device="cpu", dtype="float32")
-    assert llm.generate([prompt], GREEDY)[0].token_ids == _transformers_greedy(hf_model, prompt)
+    assert llm.generate([prompt], GREEDY)[0].token_ids == transformers_greedy(hf_model, prompt, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module", params=sorted(HYBRID_FAMILIES))
@@ -177,7 +170,7 @@ def test_a_gguf_file_gives_transformers_tokens_from_its_blocks_as_from_its_value
     }  # fmt: skip
     assert [output.logprobs for output in runs["blocks"]] == [output.logprobs for output in runs["dequantized"]]
     if kind == "F32":
-        assert [output.token_ids for output in runs["blocks"]] == [_transformers_greedy(hf_model, prompt) for prompt in prompts]
+        assert [output.token_ids for output in runs["blocks"]] == [transformers_greedy(hf_model, prompt, MAX_TOKENS) for prompt in prompts]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
