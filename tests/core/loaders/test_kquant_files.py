@@ -15,8 +15,8 @@ from ember_core import LLM, SamplingParams
 from ember_core.layers.linear import StackedBlockLinear
 from ember_core.loaders.gguf_loader import load_gguf
 from tests.core.data.kquants.make_kquant_files import COMMON, SHAPES
-from tests.core.loaders.test_families_gguf import _greedy, _with_weights_of
-from tests.families import VOCAB, hf_model
+from tests.core.loaders.test_families_gguf import MAX_TOKENS, _with_weights_of
+from tests.families import VOCAB, hf_model, transformers_greedy
 
 KQUANTS = Path(__file__).parents[1] / "data" / "kquants"
 FILES = sorted(KQUANTS.glob("*.gguf"))
@@ -60,6 +60,6 @@ def test_float32_gives_the_greedy_tokens_of_transformers_holding_the_files_value
     dequantized, _, _ = load_gguf(path, torch.device("cpu"), torch.float32, keep_blocks=False)
     reference = _with_weights_of(hf_model(family, **COMMON, **SHAPES[family]), dequantized)
     prompts = _prompts()[:4]
-    expected = [_greedy(reference, prompt) for prompt in prompts]
+    expected = [transformers_greedy(reference, prompt, MAX_TOKENS) for prompt in prompts]
     llm = LLM(str(path), dtype="float32", device="cpu", num_blocks=256, block_size=16, numerics="exact")
     assert [output.token_ids for output in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))] == expected
