@@ -4,6 +4,7 @@ sliding windows shorter than the test prompts, soft-caps, partial rotary, per-la
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,17 @@ HYBRID = dict(
 )  # fmt: skip
 
 
+# Granite 4.0-H's: Mamba2 layers in the legacy spelling of layer_types real configs use, 8 heads in 2
+# groups of B and C, a state of 12, a convolution of 3 with a bias, attention without RoPE, Granite's
+# multipliers; a dense shared MLP (Micro) or one beside 2 of 6 experts (Tiny).
+GRANITE_HYBRID = dict(
+    COMMON, num_hidden_layers=5, layer_types=["mamba", "attention", "mamba", "mamba", "attention"],
+    mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=12, mamba_d_conv=3, num_local_experts=0,
+    shared_intermediate_size=48, embedding_multiplier=12.0, attention_multiplier=0.0625,
+    residual_multiplier=0.22, logits_scaling=4.0,
+)  # fmt: skip
+
+
 # Per hybrid family: transformers' config and model classes and the test checkpoint's config.
 # Qwen3.5-MoE: every layer's MLP routes to 2 of 6 experts beside a gated shared expert. LFM2: short
 # convolutions of 4 with biases, an MLP width its config class rounds to a multiple of 32.
@@ -87,6 +99,10 @@ HYBRID_FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         layer_types=["conv", "full_attention", "conv", "conv", "full_attention"], conv_L_cache=4, conv_bias=True,
         block_multiple_of=32,
     )),
+    "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", GRANITE_HYBRID),
+    "granitemoehybrid_moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        GRANITE_HYBRID, num_local_experts=6, num_experts_per_tok=2, intermediate_size=32,
+    )),
 }  # fmt: skip
 
 
@@ -96,7 +112,7 @@ def write_hybrid_checkpoint(path: Path, seed: int = 0, family: str = "qwen3_5", 
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**{**config, **overrides})).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):  # w itself; the other norms scale by (1 + w)
+            if name.endswith(("linear_attn.norm.weight", "mamba.norm.weight")):  # the mixers' gated norms scale by w
                 param.uniform_(0.5, 1.5)
             elif "norm" in name:
                 param.uniform_(-0.5, 0.5)
@@ -105,7 +121,15 @@ def write_hybrid_checkpoint(path: Path, seed: int = 0, family: str = "qwen3_5", 
             else:
                 param.normal_(0.0, 0.15)
     model.save_pretrained(path, safe_serialization=True)
+    if config_class == "GraniteMoeHybridConfig":  # as IBM's configs spell layer_types (transformers 4's names)
+        config_file = path / "config.json"
+        saved = json.loads(config_file.read_text())
+        saved["layer_types"] = [LEGACY_LAYER_TYPES[kind] for kind in saved["layer_types"]]
+        config_file.write_text(json.dumps(saved, indent=2))
     return model
+
+
+LEGACY_LAYER_TYPES = {"linear_attention": "mamba", "full_attention": "attention"}
 
 
 def transformers_greedy(model: transformers.PreTrainedModel, prompt: list[int], max_tokens: int) -> list[int]:

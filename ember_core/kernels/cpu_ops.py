@@ -6,7 +6,7 @@ to this one: `paged_decode_attention` and `paged_decode_attention_supports` (pag
 `decoder_layer_` (decoder_layer.cpp), which chains them through their C++ declarations (ops.h), as
 `moe_experts` (moe_experts.cpp) does for a mixture of experts,
 the sampler's `inverse_cdf_draw` (sampling.cpp), `lora_add_` (lora.cpp), each row's LoRA delta by its
-adapter's slot, `gated_delta_net` (gated_delta_net.cpp) and `short_conv` (short_conv.cpp), hybrid
+adapter's slot, `gated_delta_net` (gated_delta_net.cpp), `short_conv` (short_conv.cpp) and `mamba2` (mamba2.cpp), hybrid
 models' recurrent layers between their projections, and `peak_loop` (peak.cpp), the arithmetic peak's
 register-only loop. `ops()` is the op namespace of the instruction
 set in use: `ops().small_batch_linear(...)`.
@@ -43,7 +43,7 @@ _SOURCES = [
     for name in (
         "paged_decode.cpp", "small_batch_linear.cpp", "bf16_linear.cpp", "elementwise.cpp", "kv_cache.cpp",
         "decoder_layer.cpp", "moe_experts.cpp", "sampling.cpp", "peak.cpp", "int8_linear.cpp", "lora.cpp",
-        "gated_delta_net.cpp", "short_conv.cpp",
+        "gated_delta_net.cpp", "short_conv.cpp", "mamba2.cpp",
     )
 ]
 _COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-fvisibility=hidden")

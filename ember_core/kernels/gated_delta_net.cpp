@@ -18,22 +18,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "causal_conv.h"
 #include "ops.h"
 
 namespace {
 
 using c10::BFloat16;
-
-inline float sigmoid(float x) { return x >= 0.0f ? 1.0f / (1.0f + std::exp(-x)) : std::exp(x) / (1.0f + std::exp(x)); }
-
-// torch's softplus (beta 1, threshold 20).
-inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
-// A value as the model's dtype holds it: bfloat16 rounds, float32 stays.
-template <typename T>
-inline float as_model(float x) {
-  return static_cast<float>(static_cast<T>(x));
-}
+using ember::recurrent::as_model;
+using ember::recurrent::Batch;
+using ember::recurrent::sigmoid;
+using ember::recurrent::softplus;
 
 struct Sizes {
   int64_t num_key_heads, num_value_heads, key_dim, value_dim, kernel;
@@ -45,40 +39,6 @@ struct Sizes {
   // projected's row: [q k v | z | b | a]
   int64_t row() const { return conv_size() + value_size() + 2 * num_value_heads; }
 };
-
-struct Batch {
-  const int64_t* starts;  // [sequences + 1] token offsets
-  const int64_t* slots;   // [sequences] state slots
-  const bool* fresh;      // [sequences] start from zero states (a sequence's first tokens)
-  int64_t sequences;
-};
-
-// convolved[t][c] = silu(sum_j w[c][j] * x[t - kernel + 1 + j][c]) in float32 (rounded to the model's
-// dtype, as transformers' conv output is), x before a sequence's chunk read from its conv state; the
-// state then keeps the last kernel - 1 inputs.
-template <typename T>
-void convolve(const T* projected, const T* weight, T* conv_state, float* convolved, const Sizes& s, const Batch& b) {
-  const int64_t channels = s.conv_size(), history = s.kernel - 1, row = s.row();
-  at::parallel_for(0, b.sequences * channels, 256, [&](int64_t begin, int64_t end) {
-    std::vector<float> window;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / channels, c = item % channels;
-      const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
-      T* state = conv_state + (b.slots[seq] * channels + c) * history;
-      window.assign(history + count, 0.0f);
-      if (!b.fresh[seq])
-        for (int64_t j = 0; j < history; ++j) window[j] = static_cast<float>(state[j]);
-      for (int64_t t = 0; t < count; ++t) window[history + t] = static_cast<float>(projected[(start + t) * row + c]);
-      const T* w = weight + c * s.kernel;
-      for (int64_t t = 0; t < count; ++t) {
-        float total = 0.0f;
-        for (int64_t j = 0; j < s.kernel; ++j) total += static_cast<float>(w[j]) * window[t + j];
-        convolved[(start + t) * channels + c] = as_model<T>(total * sigmoid(total));
-      }
-      for (int64_t j = 0; j < history; ++j) state[j] = static_cast<T>(window[count + j]);
-    }
-  });
-}
 
 // x / sqrt(sum(x^2) + 1e-6), the fla library's l2norm as transformers writes it, times scale.
 void l2_normalised(const float* x, int64_t n, float scale, float* out) {
@@ -175,7 +135,8 @@ at::Tensor run(const at::Tensor& projected, const at::Tensor& conv_weight, const
   at::Tensor core = at::empty({tokens, s.value_size()}, projected.options().dtype(at::kFloat));
   at::Tensor out = at::empty({tokens, s.value_size()}, projected.options());
   const T* in = projected.data_ptr<T>();
-  convolve<T>(in, conv_weight.data_ptr<T>(), conv_state.data_ptr<T>(), convolved.data_ptr<float>(), s, b);
+  ember::recurrent::convolve_silu<T>(in, s.row(), 0, s.conv_size(), conv_weight.data_ptr<T>(), nullptr, s.kernel,
+                                     conv_state.data_ptr<T>(), convolved.data_ptr<float>(), b);
   recur<T>(in, convolved.data_ptr<float>(), a_log.data_ptr<T>(), dt_bias.data_ptr<T>(),
            recurrent_state.data_ptr<float>(), core.data_ptr<float>(), s, b);
   gated_norm<T>(in, core.data_ptr<float>(), norm_weight.data_ptr<T>(), eps, out.data_ptr<T>(), s, tokens);

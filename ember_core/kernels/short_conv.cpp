@@ -14,16 +14,14 @@
 #include <optional>
 #include <vector>
 
+#include "causal_conv.h"
 #include "ops.h"
 
 namespace {
 
 using c10::BFloat16;
 
-template <typename T>
-inline float as_model(float x) {
-  return static_cast<float>(static_cast<T>(x));
-}
+using ember::recurrent::as_model;
 
 // projected: [tokens, B | C | x] of `channels` each; state: [slots, channels, kernel - 1].
 template <typename T>

@@ -24,7 +24,7 @@ from torch import nn
 
 from ember_core.kernels import cpu_ops
 from ember_core.layers.recurrent_batch import RecurrentBatch
-from ember_core.layers.recurrent_layer import RecurrentLayer
+from ember_core.layers.recurrent_layer import MixerNormWeight, RecurrentLayer
 from ember_core.models.decoder_config import LinearAttentionConfig
 
 # The checkpoint's input projections, in the fused projection's row order.
@@ -41,7 +41,7 @@ class GatedDeltaNet(RecurrentLayer):
         self.conv1d = nn.Conv1d(config.conv_size, config.conv_size, config.conv_kernel, groups=config.conv_size, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(heads))
         self.A_log = nn.Parameter(torch.zeros(heads))
-        self.norm = _GateNorm(config.value_head_dim)
+        self.norm = MixerNormWeight(config.value_head_dim)
         self.out_proj = nn.Linear(config.value_size, hidden_size, bias=False)
 
     def input_rows(self) -> list[tuple[str, int]]:
@@ -67,14 +67,6 @@ class GatedDeltaNet(RecurrentLayer):
         else:
             mixed = _gated_delta_net_torch(c, *operands, batch)
         return self.out_proj(mixed)
-
-
-class _GateNorm(nn.Module):
-    """Holds the gated RMSNorm's weight (its arithmetic runs inside the mixer), named as checkpoints name it."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
 
 
 def _gated_delta_net_torch(

@@ -1,8 +1,9 @@
-"""The mixture-of-experts MLP of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE.
+"""The mixture-of-experts MLP of Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Qwen3.5-MoE and Granite 4.0-H.
 
 A router's softmax (in float32) scores every expert for each token; the token runs its top_k experts'
 gated MLPs and adds their outputs, each times its probability (renormalised over the top k where the
-family says so). Qwen2-MoE adds a shared expert that every token runs, gated by a sigmoid.
+family says so). Qwen2-MoE adds a shared expert that every token runs, gated by a sigmoid; Granite
+4.0-H one ungated.
 
 On CPU one C++ call (kernels/moe_experts.cpp) groups a step's tokens by expert and runs each selected
 expert once for its tokens, from its dense rows or its GGUF blocks: a step reads the experts it
@@ -87,6 +88,7 @@ class SparseMoE(nn.Module):
         self.shared_expert = self.shared_expert_gate = None
         if moe.shared_expert_size:
             self.shared_expert = MLP(hidden_size, moe.shared_expert_size, False, activation)
+        if moe.shared_expert_size and moe.shared_expert_gated:
             self.shared_expert_gate = nn.Linear(hidden_size, 1, bias=False)
         # Tokens routed to each expert since the model loaded, for /metrics (a step adds its own).
         self.routed_tokens = torch.zeros(moe.num_experts, dtype=torch.int64, device="cpu")
@@ -104,7 +106,9 @@ class SparseMoE(nn.Module):
         expert_ids, weights = self.route(x)
         self.routed_tokens += torch.bincount(expert_ids.flatten().cpu(), minlength=self.routed_tokens.shape[0])
         out = self.experts(x, expert_ids, weights)
-        if self.shared_expert is not None:
+        if self.shared_expert is not None and self.shared_expert_gate is None:  # Granite's
+            out = out + self.shared_expert(x)
+        elif self.shared_expert is not None:
             shared = self.shared_expert(x)
             # sigmoid_mul: torch.sigmoid's vector code and its scalar tail round apart, and which of
             # them a token's gate meets would depend on how many tokens the step holds.

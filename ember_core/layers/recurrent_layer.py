@@ -21,3 +21,12 @@ class RecurrentLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         raise NotImplementedError
+
+
+class MixerNormWeight(nn.Module):
+    """Holds a mixer's gated RMSNorm weight (its arithmetic runs inside the mixer's op), named `norm`
+    as checkpoints name it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))

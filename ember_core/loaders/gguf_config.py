@@ -12,6 +12,7 @@ from ember_core.models.decoder_config import (
     DecoderConfig,
     LayerSpec,
     LinearAttentionConfig,
+    Mamba2Config,
     MoEConfig,
     ShortConvConfig,
 )
@@ -27,7 +28,11 @@ _WINDOW_PATTERNS = {"gemma2": 2, "gemma3": 6}
 _LOCAL_ROPE_BASE = {"gemma3": 10_000.0}
 _GELU_ARCHITECTURES = ("gemma2", "gemma3")
 # Where llama.cpp renormalises the top-k expert weights when the file has no expert_weights_norm.
-_NORMALIZED_TOP_K = ("llama", "qwen3moe", "qwen35moe")
+_NORMALIZED_TOP_K = ("llama", "qwen3moe", "qwen35moe", "granitehybrid")
+# Granite's dense MLP is its shared expert: the width's key where it is not feed_forward_length.
+_DENSE_MLP_KEYS = {"granitehybrid": "expert_shared_feed_forward_length"}
+# llama.cpp's Granite architectures take rope.scaling.finetuned as the switch of RoPE (on unless it says).
+_ROPE_SWITCHED = ("granitehybrid",)
 # llama.cpp scales Gemma's 27B queries by (hidden / heads)^-1/2, the others by head_dim^-1/2; it tells
 # them by their layer count.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -63,30 +68,34 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
     def value(key: str, default: Any = _REQUIRED) -> Any:
         return metadata(reader, f"{architecture}.{key}", default)
 
+    def multiplier(key: str) -> float | None:
+        """One of Granite's scales: none where the file has none or 0, as llama.cpp reads them."""
+        return (value(key, None) or None) if family.multipliers else None
+
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     # block_count counts a multi-token-prediction block after the model's layers (Qwen3.5's files).
     hidden, num_layers = value("embedding_length"), value("block_count") - value("nextn_predict_layers", 0)
     num_heads = value("attention.head_count")
     head_dim = value("attention.key_length", hidden // num_heads)
     context_length = value("context_length")
+    rotates = architecture not in _ROPE_SWITCHED or bool(value("rope.scaling.finetuned", True))
     rope = Rope(
         head_dim=head_dim,
-        rotary_dim=value("rope.dimension_count", head_dim),
+        rotary_dim=value("rope.dimension_count", head_dim) if rotates else 0,
         theta=float(value("rope.freq_base", 10000.0)),
         scaling=_rope_scaling(reader, architecture, context_length, tensors),
         freq_factors=_factors(tensors.get(ROPE_FREQS)),
     )
     window = value("attention.sliding_window", None) or None  # Phi-3 files write 0 for none
     slides = _sliding_layers(reader, architecture, num_layers)
-    moe = _moe_config(reader, architecture, tensors)
+    moe = _moe_config(reader, architecture, family, tensors)
     sparse = [f"blk.{index}.ffn_gate_inp.weight" in tensors for index in range(num_layers)]
     kv_heads = _kv_heads(reader, architecture, num_heads, num_layers)
-    linear_attention: LinearAttentionConfig | ShortConvConfig | None = None
+    linear_attention: LinearAttentionConfig | ShortConvConfig | Mamba2Config | None = None
     linear = [False] * num_layers
-    if family.mixer == "short_conv":  # LFM2: its convolution layers are those without KV heads
+    if family.mixer in ("short_conv", "mamba2"):  # LFM2, Granite: the recurrent layers are those without KV heads
         linear = [heads == 0 for heads in kv_heads]
-        conv_biased = any(name.startswith("blk.") and name.endswith(".shortconv.conv.bias") for name in tensors)
-        linear_attention = ShortConvConfig(kernel=value("shortconv.l_cache"), bias=conv_biased)
+        linear_attention = _recurrent_config(reader, architecture, family, tensors)
     elif family.linear_attention:
         linear_attention = _linear_attention_config(reader, architecture)
         linear = _recurrent_layers(reader, architecture, num_layers)
@@ -110,7 +119,7 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         num_heads=num_heads,
         num_kv_heads=max(kv_heads),
         head_dim=head_dim,
-        intermediate_size=value("feed_forward_length"),
+        intermediate_size=value(_DENSE_MLP_KEYS.get(architecture, "feed_forward_length")),
         layers=layers,
         rms_norm_eps=value("attention.layer_norm_rms_epsilon"),
         activation=ACTIVATIONS["gelu_pytorch_tanh" if architecture in _GELU_ARCHITECTURES else "silu"],
@@ -126,6 +135,36 @@ def decoder_config_from_gguf(reader: gguf.GGUFReader) -> DecoderConfig:
         moe=moe,
         pooling=GGUF_POOLING_TYPES.get(value("pooling_type", 0)),
         linear_attention=linear_attention,
+        embedding_multiplier=multiplier("embedding_scale"),
+        residual_multiplier=multiplier("residual_scale"),
+        logits_scaling=multiplier("logit_scale"),
+    )
+
+
+def _recurrent_config(
+    reader: gguf.GGUFReader, architecture: str, family: Family, tensors: dict
+) -> ShortConvConfig | Mamba2Config:
+    """LFM2's short convolution or Granite's Mamba2, as llama.cpp's lfm2 and granitehybrid read them;
+    biases where the file has them."""
+
+    def has(suffix: str) -> bool:
+        return any(name.startswith("blk.") and name.endswith(suffix) for name in tensors)
+
+    if family.mixer == "short_conv":
+        return ShortConvConfig(kernel=metadata(reader, f"{architecture}.shortconv.l_cache"), bias=has(".shortconv.conv.bias"))
+
+    def value(key: str) -> Any:
+        return metadata(reader, f"{architecture}.ssm.{key}")
+
+    num_heads = value("time_step_rank")
+    return Mamba2Config(
+        num_heads=num_heads,
+        head_dim=value("inner_size") // num_heads,
+        state_size=value("state_size"),
+        num_groups=value("group_count"),
+        conv_kernel=value("conv_kernel"),
+        conv_bias=has(".ssm_conv1d.bias"),
+        projection_bias=has(".ssm_in.bias"),
     )
 
 
@@ -172,7 +211,7 @@ def _recurrent_layers(reader: gguf.GGUFReader, architecture: str, num_layers: in
     return [(index + 1) % interval != 0 for index in range(num_layers)]
 
 
-def _moe_config(reader: gguf.GGUFReader, architecture: str, tensors: dict) -> MoEConfig | None:
+def _moe_config(reader: gguf.GGUFReader, architecture: str, family: Family, tensors: dict) -> MoEConfig | None:
     def value(key: str, default: Any = _REQUIRED) -> Any:
         return metadata(reader, f"{architecture}.{key}", default)
 
@@ -189,6 +228,7 @@ def _moe_config(reader: gguf.GGUFReader, architecture: str, tensors: dict) -> Mo
         expert_size=value("expert_feed_forward_length", None) or value("feed_forward_length"),
         normalize_top_k=bool(value("expert_weights_norm", architecture in _NORMALIZED_TOP_K)),
         shared_expert_size=shared,
+        shared_expert_gated=family.experts is None or family.experts.gated_shared_expert,
     )
 
 

@@ -54,6 +54,18 @@ LINEAR_ATTENTION_NAMES = {
 LINEAR_ATTENTION_VECTORS = {"ssm_a": "linear_attn.A_log", "ssm_dt": "linear_attn.dt_bias"}
 # LFM2's short convolution (llama.cpp's lfm2).
 SHORT_CONV_NAMES = {"shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv", "shortconv.out_proj": "conv.out_proj"}
+# A Mamba2 layer's (llama.cpp's granitehybrid): A as -exp(A_log) and D as [heads, 1], the gated
+# norm's weight per group.
+MAMBA2_NAMES = {"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_norm": "mamba.norm", "ssm_out": "mamba.out_proj"}
+MAMBA2_VECTORS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt": "mamba.dt_bias"}
+# Per recurrent mixer: its module tensors and its vectors stored without the checkpoint's kind.
+RECURRENT_NAMES = {
+    "gated_delta_net": (LINEAR_ATTENTION_NAMES, LINEAR_ATTENTION_VECTORS),
+    "short_conv": (SHORT_CONV_NAMES, {}),
+    "mamba2": (MAMBA2_NAMES, MAMBA2_VECTORS),
+}
+# Vectors GGUF files store with a second dimension.
+_FLATTENED = (".A_log", ".D", ".mamba.norm.weight")
 # A sparse layer's experts, stacked [experts, rows, columns]: each expert's gate, up, down projection.
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # RoPE tables, read into the config, not weights.
@@ -81,12 +93,11 @@ def _llama_like_name(gguf_name: str, family: Family) -> str:
     name = None
     if match is not None:
         tensor = match[2]
-        if family.linear_attention and tensor in LINEAR_ATTENTION_VECTORS:
-            return f"model.layers.{match[1]}.{LINEAR_ATTENTION_VECTORS[tensor]}"
-        if family.linear_attention and tensor in LINEAR_ATTENTION_NAMES:
-            name = LINEAR_ATTENTION_NAMES[tensor]
-        elif family.mixer == "short_conv" and tensor in SHORT_CONV_NAMES:
-            name = SHORT_CONV_NAMES[tensor]
+        mixer_names, mixer_vectors = RECURRENT_NAMES[family.mixer] if family.linear_attention else ({}, {})
+        if tensor in mixer_vectors:
+            return f"model.layers.{match[1]}.{mixer_vectors[tensor]}"
+        if tensor in mixer_names:
+            name = mixer_names[tensor]
         elif tensor == "post_attention_norm":
             name = family.norm_name(family.gguf_post_attention_norm)
         elif tensor in NORM_TENSORS:
@@ -158,6 +169,8 @@ def iter_gguf_weights(
         values = in_hf_row_order(name, dequantize(tensor), config)
         if name.endswith(".A_log"):  # the file holds the decay rate -exp(A_log)
             values = torch.log(-values)
+        if name.endswith(_FLATTENED):
+            values = values.reshape(-1)
         elif name.endswith((".conv1d.weight", ".conv.conv.weight")):  # [channels, kernel], Conv1d's [channels, 1, kernel]
             values = values.unsqueeze(1)
         if ".experts." in name:  # one checkpoint tensor per expert, as Hugging Face stores them

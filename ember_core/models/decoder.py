@@ -21,11 +21,12 @@ from ember_core.layers.attention import ForwardMetadata, PagedAttention
 from ember_core.layers.gated_delta_net import GatedDeltaNet
 from ember_core.layers.linear import SMALL_BATCH_ROWS, kernel_operands, tied_head
 from ember_core.layers.lora import AdapterRows, AdapterTarget, LoRALinear
+from ember_core.layers.mamba2 import Mamba2
 from ember_core.layers.mlp import MLP
 from ember_core.layers.moe import SparseMoE
 from ember_core.layers.recurrent_layer import RecurrentLayer
 from ember_core.layers.short_conv import ShortConv
-from ember_core.models.decoder_config import DecoderConfig, LayerSpec, ShortConvConfig
+from ember_core.models.decoder_config import DecoderConfig, LayerSpec, Mamba2Config, ShortConvConfig
 from ember_core.models.family import NORM_SLOTS
 from ember_core.models.norm import RMSNorm
 from ember_core.models.rotary import Rope, apply_rope_
@@ -142,8 +143,13 @@ class DecoderLayer(nn.Module):
             attention = recurrent(mixer_in, meta.states)
         else:
             attention = self._summed(self.self_attn(mixer_in, cos, sin, meta))
-        hidden = hidden + _normed(self.attn_out_norm, attention)
-        return hidden + _normed(self.mlp_out_norm, self._summed(self.mlp(_normed(self.mlp_in_norm, hidden))))
+        hidden = hidden + self._scaled(_normed(self.attn_out_norm, attention))
+        return hidden + self._scaled(_normed(self.mlp_out_norm, self._summed(self.mlp(_normed(self.mlp_in_norm, hidden)))))
+
+    def _scaled(self, block_output: torch.Tensor) -> torch.Tensor:
+        """A block's output as the residual adds it: times Granite's residual_multiplier, if any."""
+        multiplier = self.config.residual_multiplier
+        return block_output if multiplier is None else block_output * multiplier
 
     def _summed(self, partial: torch.Tensor) -> torch.Tensor:
         return partial if self.parallel is None else self.parallel.sum(partial)
@@ -173,7 +179,8 @@ class DecoderLayer(nn.Module):
         step. The runner swaps the linears before the first step and loading copies into the same
         tensors, so they do not change afterwards."""
         attention = self.self_attn
-        if attention is None or attention.gated:  # decoder_layer_ knows neither a recurrent mixer nor a gate
+        # decoder_layer_ knows neither a recurrent mixer, nor a gate, nor Granite's residual multiplier
+        if attention is None or attention.gated or self.config.residual_multiplier is not None:
             return None
         operands = [kernel_operands(linear) for linear in self._fused_linears]
         if any(operand is None for operand in operands) or isinstance(attention.q_norm, SplitRMSNorm):
@@ -220,6 +227,8 @@ def recurrent_layer(config: DecoderConfig) -> RecurrentLayer:
     """The family's recurrent layer, sized by the config."""
     if isinstance(config.linear_attention, ShortConvConfig):
         return ShortConv(config.linear_attention, config.hidden_size)
+    if isinstance(config.linear_attention, Mamba2Config):
+        return Mamba2(config.linear_attention, config.hidden_size, config.rms_norm_eps)
     assert config.linear_attention is not None
     return GatedDeltaNet(config.linear_attention, config.hidden_size, config.rms_norm_eps)
 
@@ -250,6 +259,8 @@ class Decoder(nn.Module):
         hidden = self._embedded(input_ids)
         if self.config.embedding_scale is not None:  # as transformers: the scale rounded to the model's dtype
             hidden = hidden * torch.tensor(self.config.embedding_scale).to(hidden.dtype)
+        if self.config.embedding_multiplier is not None:  # Granite's, a Python float as transformers has it
+            hidden = hidden * self.config.embedding_multiplier
         tables = {
             rope: rope.cos_sin(positions, hidden.dtype, rope.use_long_table(positions, meta.prompt_lengths))
             for rope in self.ropes
@@ -265,6 +276,8 @@ class Decoder(nn.Module):
         logits = self.lm_head(hidden)
         if self.shards is not None:
             logits = self.shards.vocab.logits(logits)
+        if self.config.logits_scaling is not None:
+            logits = logits / self.config.logits_scaling
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -305,8 +318,9 @@ class Decoder(nn.Module):
                 parent_path, _, attribute = path.rpartition(".")
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
-                checkpoint_parts = [(f"model.{self.config.family.checkpoint_name(f'layers.{index}.{name}.weight')}", rows) for name, rows in parts]
-                targets.append(AdapterTarget(parent, attribute, [(name.removesuffix(".weight"), rows) for name, rows in checkpoint_parts]))
+                family = self.config.family
+                modules = [(f"model.{family.checkpoint_name(f'layers.{index}.{name}.weight')}".removesuffix(".weight"), rows) for name, rows in parts]
+                targets.append(AdapterTarget(parent, attribute, family.fused_in_checkpoint(modules)))
         return targets
 
     def hf_names(self) -> dict[str, str]:
@@ -375,17 +389,21 @@ class Decoder(nn.Module):
             name = name.removeprefix("model.language_model.").removeprefix("model.")  # a multimodal checkpoint's, or not
             if name.endswith(IGNORED_WEIGHTS) or (name == "lm_head.weight" and self.config.tie_word_embeddings):
                 continue  # a tied head saved anyway is the embedding again
-            if name not in slots:
-                raise ValueError(f"unexpected {family} weight {name!r}")
-            param, rows = slots[name]
-            with torch.no_grad():
-                target = param[rows]
-                if tensor.shape != target.shape:
-                    raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-                if norm_offset and name.endswith("norm.weight") and not name.endswith(_NORMS_WITHOUT_OFFSET):
-                    tensor = tensor.float() + norm_offset
-                target.copy_(tensor)
-            loaded.add(name)
+            for part_name, part in self.config.family.split_checkpoint_tensor(name, tensor):
+                self._load_one(part_name, part, slots.get(part_name), norm_offset)
+                loaded.add(part_name)
         missing = slots.keys() - loaded
         if missing:
             raise ValueError(f"checkpoint is missing {family} weights: {sorted(missing)[:5]}")
+
+    def _load_one(self, name: str, tensor: torch.Tensor, slot: tuple[torch.Tensor, slice | tuple] | None, norm_offset: float) -> None:
+        if slot is None:
+            raise ValueError(f"unexpected {self.config.family.name} weight {name!r}")
+        param, rows = slot
+        with torch.no_grad():
+            target = param[rows]
+            if tensor.shape != target.shape:
+                raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+            if norm_offset and name.endswith("norm.weight") and not name.endswith(_NORMS_WITHOUT_OFFSET):
+                tensor = tensor.float() + norm_offset
+            target.copy_(tensor)

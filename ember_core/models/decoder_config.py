@@ -21,6 +21,8 @@ ACTIVATIONS: dict[str, Activation] = {
     "gelu_fast": "gelu_tanh",
 }
 SLIDING, FULL, LINEAR, SHORT_CONV = "sliding_attention", "full_attention", "linear_attention", "conv"
+# Granite 4.0-H's configs name its layers as transformers did before 5.x.
+LEGACY_LAYER_TYPES = {"mamba": LINEAR, "attention": FULL}
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,43 @@ class ShortConvConfig:
 
 
 @dataclass(frozen=True)
+class Mamba2Config:
+    """A Mamba2 (SSD) mixer's sizes (Granite 4.0-H): num_heads heads of head_dim channels, each
+    keeping a [head_dim, state_size] state; B and C shared by the heads of each of num_groups groups;
+    a causal convolution over x, B and C; time steps clamped to [time_step_min, time_step_max]."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    num_groups: int
+    conv_kernel: int
+    conv_bias: bool = True
+    projection_bias: bool = False
+    time_step_min: float = 0.0
+    time_step_max: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_groups:
+            raise ValueError(f"mamba_n_heads ({self.num_heads}) must be a multiple of mamba_n_groups ({self.num_groups})")
+        if self.conv_kernel < 1:
+            raise ValueError(f"mamba_d_conv must be >= 1, got {self.conv_kernel}")
+
+    @property
+    def inner_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_size(self) -> int:
+        """Channels of the convolution: x, B and C."""
+        return self.inner_size + 2 * self.num_groups * self.state_size
+
+    @property
+    def projection_size(self) -> int:
+        """The input projection's rows: the gate z, x B C, and one time step per head."""
+        return self.inner_size + self.conv_size + self.num_heads
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     """A mixture-of-experts MLP: a router's softmax picks top_k of num_experts gated MLPs per token,
     whose outputs add up weighted by their probabilities (renormalised over the top k or not)."""
@@ -89,7 +128,8 @@ class MoEConfig:
     top_k: int
     expert_size: int  # each expert's intermediate size
     normalize_top_k: bool
-    shared_expert_size: int = 0  # Qwen2-MoE: an MLP every token also runs, gated by a sigmoid; 0: none
+    shared_expert_size: int = 0  # an MLP every token also runs (Qwen2-MoE: gated by a sigmoid); 0: none
+    shared_expert_gated: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -119,8 +159,14 @@ class DecoderConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     moe: MoEConfig | None = None  # set when some layer has sparse_mlp
-    # set when some layer is recurrent: a Gated DeltaNet's sizes (Qwen3.5) or a short convolution's (LFM2)
-    linear_attention: LinearAttentionConfig | ShortConvConfig | None = None
+    # set when some layer is recurrent: a Gated DeltaNet's sizes (Qwen3.5), a short convolution's
+    # (LFM2) or a Mamba2 mixer's (Granite 4.0-H)
+    linear_attention: LinearAttentionConfig | ShortConvConfig | Mamba2Config | None = None
+    # Granite's multipliers: of the embeddings, of each block's output before the residual adds it,
+    # and the divisor of the logits; None where the family has none.
+    embedding_multiplier: float | None = None
+    residual_multiplier: float | None = None
+    logits_scaling: float | None = None
     pooling: Pooling | None = None  # a GGUF file's <arch>.pooling_type (pooling.py reads the others')
 
     def __post_init__(self) -> None:
@@ -176,7 +222,8 @@ class DecoderConfig:
         moe = hf_moe_config(family, cfg)
         sparse = hf_sparse_layers(cfg) if moe is not None else [False] * len(layer_types)
         linear = hf_linear_layers(family, cfg)
-        intermediate_size = cfg["intermediate_size"] if family.mixer != "short_conv" else lfm2_feed_forward_size(cfg)
+        intermediate_size = cfg[family.mlp_size_key] if family.mixer != "short_conv" else lfm2_feed_forward_size(cfg)
+        multipliers = family.multipliers
         if cfg.get("clip_qkv") is not None:
             raise ValueError(f"{family.name} checkpoints with clip_qkv are not supported (clip_qkv={cfg['clip_qkv']})")
         return cls(
@@ -197,7 +244,7 @@ class DecoderConfig:
             qkv_bias=attention_bias or (family.attention_bias == "qkv" and cfg.get("qkv_bias", True)),
             o_bias=attention_bias and family.attention_bias == "config",
             mlp_bias=family.reads_mlp_bias and bool(cfg.get("mlp_bias", False)),
-            query_scale=cfg["query_pre_attn_scalar"] ** -0.5 if family.query_pre_attn_scalar else None,
+            query_scale=hf_query_scale(family, cfg),
             attn_logit_softcap=cfg.get("attn_logit_softcapping") if family.attn_logit_softcapping else None,
             final_logit_softcap=cfg.get("final_logit_softcapping") if family.final_logit_softcapping else None,
             tie_word_embeddings=cfg.get("tie_word_embeddings", cfg.get("tie_embedding", False)),
@@ -205,19 +252,34 @@ class DecoderConfig:
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             moe=moe,
             linear_attention=hf_recurrent_config(family, cfg) if any(linear) else None,
+            embedding_multiplier=float(cfg["embedding_multiplier"]) if multipliers else None,
+            residual_multiplier=float(cfg["residual_multiplier"]) if multipliers else None,
+            logits_scaling=float(cfg["logits_scaling"]) if multipliers else None,
         )
+
+
+def hf_query_scale(family: Family, cfg: dict[str, Any]) -> float | None:
+    """The attention's query scale where the family sets it apart from head_dim^-1/2."""
+    if family.query_pre_attn_scalar:
+        return cfg["query_pre_attn_scalar"] ** -0.5
+    return float(cfg["attention_multiplier"]) if family.multipliers else None
 
 
 def hf_moe_config(family: Family, cfg: dict[str, Any]) -> MoEConfig | None:
     if family.experts is None:
         return None
-    num_experts = cfg.get("num_local_experts") or cfg["num_experts"]  # transformers 5 writes the first
+    num_experts = cfg.get("num_local_experts") or cfg.get("num_experts")  # transformers 5 writes the first
+    if not num_experts:  # a dense checkpoint of a family that may have experts (Granite 4.0-H Micro)
+        return None
+    style = family.experts
     return MoEConfig(
         num_experts=num_experts,
         top_k=cfg["num_experts_per_tok"],
-        expert_size=cfg[family.experts.expert_size_key],
-        normalize_top_k=bool(cfg.get("norm_topk_prob", False)),
-        shared_expert_size=cfg.get("shared_expert_intermediate_size") or 0,
+        expert_size=cfg[style.expert_size_key],
+        # Granite's router takes the softmax of the top k's logits: the top k renormalised.
+        normalize_top_k=bool(cfg.get("norm_topk_prob", not style.gated_shared_expert)),
+        shared_expert_size=cfg.get(style.shared_expert_key) or 0,
+        shared_expert_gated=style.gated_shared_expert,
     )
 
 
@@ -230,6 +292,8 @@ def hf_linear_layers(family: Family, cfg: dict[str, Any]) -> list[bool]:
         return [False] * num_layers
     recurrent = SHORT_CONV if family.mixer == "short_conv" else LINEAR
     layer_types = cfg.get("layer_types")
+    if layer_types is not None:
+        layer_types = [LEGACY_LAYER_TYPES.get(kind, kind) for kind in layer_types]
     if layer_types is None and family.mixer == "short_conv":
         full = set(cfg.get("full_attn_idxs") or range(num_layers))
         return [index not in full for index in range(num_layers)]
@@ -255,9 +319,11 @@ def lfm2_feed_forward_size(cfg: dict[str, Any]) -> int:
     return size
 
 
-def hf_recurrent_config(family: Family, cfg: dict[str, Any]) -> LinearAttentionConfig | ShortConvConfig:
+def hf_recurrent_config(family: Family, cfg: dict[str, Any]) -> LinearAttentionConfig | ShortConvConfig | Mamba2Config:
     if family.mixer == "short_conv":
         return ShortConvConfig(kernel=cfg.get("conv_L_cache", 3), bias=bool(cfg.get("conv_bias", False)))
+    if family.mixer == "mamba2":
+        return hf_mamba2_config(cfg)
     return LinearAttentionConfig(
         num_key_heads=cfg["linear_num_key_heads"],
         num_value_heads=cfg["linear_num_value_heads"],
@@ -265,6 +331,35 @@ def hf_recurrent_config(family: Family, cfg: dict[str, Any]) -> LinearAttentionC
         value_head_dim=cfg["linear_value_head_dim"],
         conv_kernel=cfg["linear_conv_kernel_dim"],
     )
+
+
+def hf_mamba2_config(cfg: dict[str, Any]) -> Mamba2Config:
+    """GraniteMoeHybridConfig's mamba_* keys: mamba_expand * hidden_size channels in mamba_n_heads
+    heads (mamba_d_head "auto" divides them), time steps clamped to time_step_limit."""
+    num_heads = cfg["mamba_n_heads"]
+    inner = cfg["mamba_expand"] * cfg["hidden_size"]
+    head_dim = cfg.get("mamba_d_head")
+    if head_dim in (None, "auto"):
+        head_dim = inner // num_heads
+    if head_dim * num_heads != inner:
+        raise ValueError(f"mamba_n_heads ({num_heads}) x mamba_d_head ({head_dim}) must be mamba_expand x hidden_size ({inner})")
+    low, high = cfg.get("time_step_limit") or (0.0, math.inf)
+    return Mamba2Config(
+        num_heads=num_heads,
+        head_dim=head_dim,
+        state_size=cfg["mamba_d_state"],
+        num_groups=cfg["mamba_n_groups"],
+        conv_kernel=cfg["mamba_d_conv"],
+        conv_bias=bool(cfg["mamba_conv_bias"]),
+        projection_bias=bool(cfg["mamba_proj_bias"]),
+        time_step_min=_json_float(low),
+        time_step_max=_json_float(high),
+    )
+
+
+def _json_float(value: float | dict[str, str]) -> float:
+    """A float of config.json, where transformers writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"]) if isinstance(value, dict) else float(value)
 
 
 def hf_sparse_layers(cfg: dict[str, Any]) -> list[bool]:

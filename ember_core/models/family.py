@@ -29,6 +29,10 @@ class ExpertStyle:
     # Each expert's gate, up and down projections (Mixtral: w1, w3, w2), as experts.E.<name>.weight.
     projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     expert_size_key: str = "moe_intermediate_size"  # an expert's intermediate size in config.json
+    # The shared expert every token also runs: its width's key, and whether a sigmoid gates it
+    # (Qwen2-MoE's does; Granite's shared MLP adds ungated).
+    shared_expert_key: str = "shared_expert_intermediate_size"
+    gated_shared_expert: bool = True
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,22 @@ class Family:
     gated_attention: bool = False
     # Some layers mix tokens through a recurrent state instead of attention: Qwen3.5's Gated DeltaNet
     # where `layer_types` says "linear_attention" (layers/gated_delta_net.py), LFM2's short
-    # convolution where it says "conv" (layers/short_conv.py); mixer_name is that module's
-    # checkpoint name under model.layers.N.
+    # convolution where it says "conv" (layers/short_conv.py), Granite 4.0-H's Mamba2 where it says
+    # "linear_attention" or "mamba" (layers/mamba2.py); mixer_name is that module's checkpoint name
+    # under model.layers.N.
     linear_attention: bool = False
-    mixer: Literal["gated_delta_net", "short_conv"] = "gated_delta_net"
+    mixer: Literal["gated_delta_net", "short_conv", "mamba2"] = "gated_delta_net"
     mixer_name: str = "linear_attn"
     # ember's module path -> the checkpoint's, within a layer (`self_attn.o_proj`) or at the top
     # (`norm`), where a family names them apart from the Llama-like ones (LFM2).
     checkpoint_names: tuple[tuple[str, str], ...] = ()
+    # A checkpoint tensor (its path within a layer) stored fused -> the paths its rows split into,
+    # equally; a stacked [experts, rows, columns] tensor splits per expert too ({expert} in the path).
+    checkpoint_splits: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Granite's multipliers in config.json: embedding_multiplier, attention_multiplier (the query
+    # scale), residual_multiplier (of each block's output) and logits_scaling (the logits' divisor).
+    multipliers: bool = False
+    mlp_size_key: str = "intermediate_size"  # config.json's key of the dense MLP's width
     norm_eps_key: str = "rms_norm_eps"  # config.json's key of the RMSNorms' epsilon
     gguf_output_norm: str = "output_norm"  # llama.cpp's name of the final norm (LFM2: token_embd_norm)
     # Checkpoint tensors of parts ember does not run: a multimodal checkpoint's vision tower, a
@@ -97,6 +109,34 @@ class Family:
             _, index, path = module.split(".", 2)
             return f"layers.{index}.{renames.get(path, path)}.{kind}"
         return f"{renames.get(module, module)}.{kind}"
+
+    def split_checkpoint_tensor(self, name: str, tensor: Any) -> list[tuple[str, Any]]:
+        """A checkpoint tensor (name without `model.`) as the parts checkpoint_splits names; itself
+        where the family stores it unfused."""
+        module, _, kind = name.rpartition(".")
+        if not (self.checkpoint_splits and module.startswith("layers.")):
+            return [(name, tensor)]
+        _, index, path = module.split(".", 2)
+        paths = dict(self.checkpoint_splits).get(path)
+        if paths is None:
+            return [(name, tensor)]
+        parts = tensor.chunk(len(paths), dim=-2)
+        if tensor.dim() == 3:
+            return [
+                (f"layers.{index}.{part_path.format(expert=expert)}.{kind}", part[expert])
+                for part_path, part in zip(paths, parts)
+                for expert in range(tensor.shape[0])
+            ]
+        return [(f"layers.{index}.{part_path}.{kind}", part) for part_path, part in zip(paths, parts)]
+
+    def fused_in_checkpoint(self, parts: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """A linear's parts (module name, rows) as the checkpoint names its modules: one fused module
+        where checkpoint_splits splits it into these parts (Granite's shared_mlp.input_linear)."""
+        for fused, paths in self.checkpoint_splits:
+            if len(parts) == len(paths) and all(name.endswith(f".{path}") for (name, _), path in zip(parts, paths)):
+                prefix = parts[0][0].removesuffix(paths[0])
+                return [(prefix + fused, sum(rows for _, rows in parts))]
+        return parts
 
     def norm_name(self, slot: NormSlot) -> str | None:
         return dict(self.norms).get(slot)
@@ -128,6 +168,35 @@ _QWEN3_5 = dict(
 )
 _QWEN3_5_DEFAULTS = (("head_dim", 256), ("linear_conv_kernel_dim", 4))
 _MIXTRAL_EXPERTS = ExpertStyle("block_sparse_moe", ("w1", "w3", "w2"), "intermediate_size")
+# Granite 4.0-H: its dense MLP (the MoE's shared expert) is shared_mlp, gate and up in input_linear;
+# the experts stacked in block_sparse_moe.input_linear / output_linear (what GGUF files keep apart).
+_GRANITE_SHARED_MLP = (("gate_proj", "shared_mlp.gate_proj"), ("up_proj", "shared_mlp.up_proj"), ("down_proj", "shared_mlp.output_linear"))
+_GRANITE_HYBRID = dict(
+    norms=_LLAMA_NORMS, linear_attention=True, mixer="mamba2", mixer_name="mamba", multipliers=True,
+    gguf_permuted_qk=True, mlp_size_key="shared_intermediate_size",
+    experts=ExpertStyle(
+        "block_sparse_moe", expert_size_key="intermediate_size", shared_expert_key="shared_intermediate_size",
+        gated_shared_expert=False,
+    ),
+    checkpoint_names=tuple(
+        (f"{parent}.{ours}", theirs) for parent in ("mlp", "mlp.shared_expert") for ours, theirs in _GRANITE_SHARED_MLP
+    ),
+    checkpoint_splits=(
+        ("shared_mlp.input_linear", ("shared_mlp.gate_proj", "shared_mlp.up_proj")),
+        ("block_sparse_moe.input_linear", (
+            "block_sparse_moe.experts.{expert}.gate_proj", "block_sparse_moe.experts.{expert}.up_proj",
+        )),
+        ("block_sparse_moe.output_linear", ("block_sparse_moe.experts.{expert}.down_proj",)),
+        ("block_sparse_moe.router.layer", ("block_sparse_moe.gate",)),
+    ),
+    config_defaults=(  # GraniteMoeHybridConfig's; no position_embedding_type: no RoPE
+        ("position_embedding_type", None), ("num_local_experts", 8), ("num_experts_per_tok", 2),
+        ("shared_intermediate_size", 1024), ("mamba_n_heads", 128), ("mamba_n_groups", 1), ("mamba_d_state", 256),
+        ("mamba_d_conv", 4), ("mamba_expand", 2), ("mamba_conv_bias", True), ("mamba_proj_bias", False),
+        ("embedding_multiplier", 1.0), ("attention_multiplier", 1.0), ("residual_multiplier", 1.0),
+        ("logits_scaling", 1.0),
+    ),
+)  # fmt: skip
 
 FAMILIES: dict[str, Family] = {
     family.name: family
@@ -173,6 +242,9 @@ FAMILIES: dict[str, Family] = {
                    ("norm_eps", 1e-5), ("conv_L_cache", 3), ("conv_bias", False), ("block_auto_adjust_ff_dim", True),
                    ("block_ffn_dim_multiplier", 1.0), ("block_multiple_of", 256), ("tie_word_embeddings", True),
                )),
+        # Granite 4.0-H: Mamba2 layers beside attention without RoPE, Granite's multipliers, a shared
+        # MLP with or without experts beside it.
+        Family("granitemoehybrid", **_GRANITE_HYBRID),
     )
 }  # fmt: skip
 
@@ -191,4 +263,5 @@ GGUF_ARCHITECTURES: dict[str, Family] = {
     "qwen35": FAMILIES["qwen3_5_text"],
     "qwen35moe": FAMILIES["qwen3_5_moe_text"],
     "lfm2": FAMILIES["lfm2"],
+    "granitehybrid": FAMILIES["granitemoehybrid"],
 }

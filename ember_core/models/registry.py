@@ -26,8 +26,12 @@ SIZE_KEYS = (
     "intermediate_size", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",
     "sliding_window", "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
     "decoder_sparse_step", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-    "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "shared_intermediate_size",
+    "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
 )  # fmt: skip
+# Sizes whose 0 means none: Qwen2-MoE's configs write sliding_window 0 for no window, Granite
+# 4.0-H's dense ones num_local_experts 0.
+ZERO_MEANS_NONE = ("sliding_window", "num_local_experts", "num_experts")
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
@@ -39,7 +43,7 @@ def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
     for key in SIZE_KEYS:
         value = hf_config.get(key)
-        if key == "sliding_window" and value == 0:  # Qwen2-MoE's configs write 0 for no window
+        if key in ZERO_MEANS_NONE and value == 0:
             continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")

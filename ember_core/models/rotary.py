@@ -253,7 +253,7 @@ def rope_cos_sin(
 @dataclass(frozen=True)
 class Rope:
     """How one layer rotates its query and key heads: the first rotary_dim of head_dim dims turn
-    (partial rotary below head_dim), the rest pass through.
+    (partial rotary below head_dim; none with rotary_dim 0), the rest pass through.
 
     Equal Ropes make equal tables and hash alike, so a decoder computes `cos_sin` once per step for
     each distinct Rope (one per Gemma 3 layer type, one for most models), not once per layer.
@@ -272,7 +272,7 @@ class Rope:
     _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
             raise ValueError(f"rotary_dim must be even and within head_dim {self.head_dim}, got {self.rotary_dim}")
         tables = {"rope_freqs": self.freq_factors}
         if self.scaling is not None and self.scaling.kind == "longrope":
@@ -291,9 +291,11 @@ class Rope:
         """The rotation of one layer type (None: of every layer) of an HF config dict; see hf_rope_parameters."""
         params = hf_rope_parameters(cfg, layer_type)
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        # Granite 4.0-H's position_embedding_type: "rope", or none at all (NoPE: rotary_dim 0).
+        rotates = cfg.get("position_embedding_type", "rope") == "rope"
         return cls(
             head_dim=head_dim,
-            rotary_dim=int(head_dim * params.get("partial_rotary_factor", 1.0)),
+            rotary_dim=int(head_dim * params.get("partial_rotary_factor", 1.0)) if rotates else 0,
             theta=float(params["rope_theta"]),
             scaling=RopeScaling.from_hf(params, cfg.get("max_position_embeddings")),
         )
@@ -359,6 +361,8 @@ def apply_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """apply_rope into x itself (a strided view is fine) and return it; one C++ call, with the same
     bits, on float32 CPU tensors (bfloat16: rounded once, not after each product), where the torch ops
     above cost ~10x more at decode sizes."""
+    if cos.shape[-1] == 0:  # no rotary dims (NoPE)
+        return x
     turning = x[..., : cos.shape[-1]]  # a view: the C++ op takes its strides
     if _on_kernel(turning, cos):
         cpu_ops.ops().rotary_(turning, cos.contiguous(), sin.contiguous())

@@ -151,6 +151,10 @@ FAMILIES: dict[str, Family] = {
         Family("lfm2", "Lfm2Config", "Lfm2ForCausalLM", "qwen2", _GPT2_SPECIALS,
                {**_TINY_DECODER, "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"],
                 "block_multiple_of": 64}, hybrid=True),
+        Family("granitemoehybrid", "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", "gpt2", _GPT2_SPECIALS,
+               {**_TINY_DECODER, "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "attention"],
+                "mamba_n_heads": 8, "mamba_d_state": 16, "num_local_experts": 0, "shared_intermediate_size": 128},
+               hybrid=True),
         Family("gpt2", "GPT2Config", "GPT2LMHeadModel", "gpt2", SpecialTokens(bos="<|endoftext|>", eos="<|endoftext|>"),
                {"vocab_size": 512, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256}, decoder=False),
     )

@@ -74,7 +74,7 @@ def export_gguf(model_dir: Path, out: Path, file_type: str = "F32") -> Path:
     family.write_hparams(config, writer)
     writer.add_file_type(llama_file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add_tokenizer(writer, model_dir, config["vocab_size"])
+    add_tokenizer(writer, model_dir, -(config["vocab_size"] // -family.vocab_multiple) * family.vocab_multiple)
     for tensor in plan:
         dtype, byte_shape = _stored_layout(tensor.shape, tensor.qtype)
         writer.add_tensor_info(
@@ -117,10 +117,12 @@ def plan_tensors(
         if expert := _EXPERT_TENSOR.fullmatch(hf_name):
             experts.setdefault(f"{expert[1]}.{expert[3]}.weight", []).append((int(expert[2]), path, hf_name))
             continue
-        kind, name = gguf_name(family.rename(hf_name), name_map, dense_names, family)
-        shape = tuple(transform(hf_name, torch.empty(shape, device="meta"), config, family).shape)
-        qtype = _tensor_type(name, kind, shape, default_qtype)
-        plan.append(PlannedTensor(name, qtype, shape, _loader(path, hf_name, config, family)))
+        whole = transform(hf_name, torch.empty(shape, device="meta"), config, family)
+        for part_name, rows in family.split_tensor(hf_name, config) or [(hf_name, _whole)]:
+            kind, name = gguf_name(family.rename(part_name), name_map, dense_names, family)
+            part_shape = tuple(rows(whole).shape)
+            qtype = _tensor_type(name, kind, part_shape, default_qtype)
+            plan.append(PlannedTensor(name, qtype, part_shape, _loader(path, hf_name, config, family, rows)))
     for stacked_name, parts in experts.items():
         parts.sort()
         if [index for index, _, _ in parts] != list(range(len(parts))):
@@ -164,11 +166,17 @@ def _tensor_type(
     return default_qtype
 
 
-def _loader(path: Path, hf_name: str, config: Config, family: GGUFFamily) -> Callable[[], np.ndarray]:
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _loader(
+    path: Path, hf_name: str, config: Config, family: GGUFFamily, rows: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
         with safe_open(path, framework="pt") as checkpoint:
             data = checkpoint.get_tensor(hf_name).to(torch.float32)
-        return transform(hf_name, data, config, family).numpy()
+        return rows(transform(hf_name, data, config, family)).contiguous().numpy()
 
     return load
 

@@ -36,6 +36,12 @@ class GGUFFamily:
     # A family's own tensor changes after the ones above (checkpoint name, float32 values, config).
     reshape_tensor: Callable[[str, torch.Tensor, Config], torch.Tensor] | None = None
     rename: Callable[[str], str] = field(default=lambda name: name)  # a checkpoint name the name map lacks
+    # A checkpoint tensor the converter writes as several (Granite's fused gate and up): per part, a
+    # name the map knows and its rows of the (transformed) tensor; None where it writes one.
+    split_tensor: Callable[[str, Config], list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] | None] = field(
+        default=lambda name, config: None
+    )
+    vocab_multiple: int = 1  # the converter pads the vocabulary to a multiple of it (Mamba2's 8)
 
 
 def rope_parameters(config: Config) -> Config:
@@ -312,6 +318,69 @@ def _lfm2_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Tens
     return data.squeeze(1) if "conv.conv" in hf_name and data.dim() == 3 else data
 
 
+def _granite_hybrid_hparams(config: Config, writer: gguf.GGUFWriter) -> None:
+    """GraniteHybridModel's keys: Llama's without head_dim (Granite ignores it), KV heads per layer (0
+    for a Mamba2 layer), the experts' counts (0 for a dense model), Granite's multipliers as scales,
+    the shared MLP's width, the Mamba2 sizes as ssm.*, and no RoPE unless position_embedding_type says."""
+    attention = [kind in ("attention", "full_attention") for kind in config["layer_types"]]
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    rotates = config.get("position_embedding_type") == "rope"
+    _decoder_hparams({
+        **config, "head_dim": None, "num_key_value_heads": [kv_heads if layer else 0 for layer in attention],
+        "max_position_embeddings": config["max_position_embeddings"] if rotates else 2**20,
+    }, writer)  # fmt: skip
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    writer.add_expert_count(config["num_local_experts"])
+    writer.add_expert_used_count(config["num_experts_per_tok"])
+    for key, add in (
+        ("attention_multiplier", writer.add_attention_scale), ("embedding_multiplier", writer.add_embedding_scale),
+        ("residual_multiplier", writer.add_residual_scale), ("logits_scaling", writer.add_logit_scale),
+    ):
+        if config.get(key):
+            add(config[key])
+    writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
+    inner = config["mamba_expand"] * config["hidden_size"]
+    writer.add_ssm_conv_kernel(config["mamba_d_conv"])
+    writer.add_ssm_state_size(config["mamba_d_state"])
+    writer.add_ssm_group_count(config["mamba_n_groups"])
+    writer.add_ssm_inner_size(inner)
+    writer.add_ssm_time_step_rank(config["mamba_n_heads"])
+    if not rotates:
+        writer.add_rope_scaling_finetuned(False)
+
+
+def _granite_hybrid_tensor(hf_name: str, data: torch.Tensor, config: Config) -> torch.Tensor:
+    """Mamba2Model.modify_tensors: the convolution as [channels, kernel], -exp(A_log) and D as
+    [heads, 1], the gated norm's weight per group."""
+    if hf_name.endswith(".mamba.conv1d.weight"):
+        return data.squeeze(1)
+    if hf_name.endswith(".mamba.A_log"):
+        return -torch.exp(data).reshape(-1, 1)
+    if hf_name.endswith(".mamba.D"):
+        return data.reshape(-1, 1)
+    if hf_name.endswith(".mamba.norm.weight"):
+        return data.reshape(config["mamba_n_groups"], -1)
+    return data
+
+
+def _granite_hybrid_split(hf_name: str, config: Config) -> list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] | None:
+    """GraniteMoeModel.modify_tensors: the experts' and the shared MLP's input_linear apart into gate
+    and up rows; a dense model's shared MLP under the plain MLP's names."""
+    layer = hf_name.rsplit(".", 3)[0]  # model.layers.N
+    sparse = bool(config.get("num_local_experts"))
+    if hf_name.endswith(".block_sparse_moe.input_linear.weight"):
+        size = config["intermediate_size"]
+        return [(f"{layer}.mlp.experts.gate_proj.weight", lambda t: t[:, :size]),
+                (f"{layer}.mlp.experts.up_proj.weight", lambda t: t[:, size:])]  # fmt: skip
+    if hf_name.endswith(".shared_mlp.input_linear.weight"):
+        size, mlp = config["shared_intermediate_size"], "mlp.shared_expert" if sparse else "mlp"
+        return [(f"{layer}.{mlp}.gate_proj.weight", lambda t: t[:size]), (f"{layer}.{mlp}.up_proj.weight", lambda t: t[size:])]
+    if hf_name.endswith(".shared_mlp.output_linear.weight") and not sparse:
+        return [(f"{layer}.mlp.down_proj.weight", lambda t: t)]
+    return None
+
+
 def _qwen35_name(name: str) -> str:
     return name.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
 
@@ -338,6 +407,11 @@ GGUF_FAMILIES: dict[str, GGUFFamily] = {
         gguf.MODEL_ARCH.QWEN35MOE, _qwen35moe_hparams, reshape_tensor=_qwen35_tensor, rename=_qwen35_name,
     ),
     "lfm2": GGUFFamily(gguf.MODEL_ARCH.LFM2, _lfm2_hparams, reshape_tensor=_lfm2_tensor),
+    "granitemoehybrid": GGUFFamily(
+        gguf.MODEL_ARCH.GRANITE_HYBRID, _granite_hybrid_hparams, permute_qk=True, reshape_tensor=_granite_hybrid_tensor,
+        rename=lambda name: name.replace(".mamba.dt_bias", ".mamba.dt_proj.bias"), split_tensor=_granite_hybrid_split,
+        vocab_multiple=8,
+    ),
 }
 # config.json `architectures[0]` (the family's transformers model class) -> how its GGUF is written
 _BY_ARCHITECTURE = {FAMILIES[name].model_class: family for name, family in GGUF_FAMILIES.items()}

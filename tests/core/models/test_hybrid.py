@@ -1,5 +1,6 @@
 """The hybrid decoders (Qwen3.5's Gated DeltaNet layers beside gated attention, dense and with experts;
-LFM2's short convolutions beside attention) against transformers' own classes with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
+LFM2's short convolutions beside attention; Granite 4.0-H's Mamba2 layers beside attention without
+RoPE, dense and with experts) against transformers' own classes with random weights: greedy tokens alone and batched; and ember's invariant for a model whose
 linear layers keep a recurrent state per sequence: batch, chunked prefill, block size and
 preemption never change a token or a logprob, in float32 and bfloat16; every state slot and block
 comes back."""
@@ -15,10 +16,11 @@ import transformers
 from ember_bench.gguf_export import export_gguf
 from ember_core import LLM, LoRARequest, SamplingParams
 from ember_core.layers.gated_delta_net import GatedDeltaNet, _gated_delta_net_torch
+from ember_core.layers.mamba2 import Mamba2, _mamba2_torch
 from ember_core.layers.recurrent_batch import RecurrentBatch
 from ember_core.layers.short_conv import ShortConv, _short_conv_torch
 from ember_core.loaders import load_model
-from ember_core.models.decoder_config import LinearAttentionConfig, ShortConvConfig
+from ember_core.models.decoder_config import LinearAttentionConfig, Mamba2Config, ShortConvConfig
 from ember_core.parallel.group import TensorParallel
 from tests.conftest import assert_pool_free
 from tests.core.lora.peft_reference import GREEDY as PEFT_GREEDY
@@ -223,11 +225,47 @@ def test_the_torch_short_convolution_computes_what_the_kernel_does() -> None:
         torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_torch_mamba2_computes_what_the_kernel_does(dtype: torch.dtype) -> None:
+    """Granite 4.0-H's mixer: heads in groups sharing B and C, a convolution bias, time steps clamped
+    from above (the limit cuts some), in the model's dtype."""
+    from ember_core.kernels import cpu_ops
+
+    if not cpu_ops.is_available():
+        pytest.skip("no C++ toolchain: only the torch Mamba2 runs here")
+    config = Mamba2Config(num_heads=6, head_dim=4, state_size=5, num_groups=3, conv_kernel=3, time_step_max=0.9)
+    torch.manual_seed(3)
+    layer = Mamba2(config, hidden_size=16, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0.0, 0.5)
+    batch = RecurrentBatch.of([5, 7, 1], [2, 0, 1], [False, True, False], torch.device("cpu"))
+    projected = torch.randn(13, config.projection_size, generator=torch.Generator().manual_seed(4)).to(dtype)
+    operands = (projected, layer.conv1d.weight.view(config.conv_size, -1), layer.conv1d.bias, layer.A_log,
+                layer.dt_bias, layer.D, layer.norm.weight, layer.eps)  # fmt: skip
+    runs = []
+    for run in ("kernel", "torch"):
+        states = [
+            torch.randn(3, *shape, generator=torch.Generator().manual_seed(seed)).to(torch.float32 if float32 else dtype)
+            for seed, (shape, float32) in enumerate(layer.state_specs())
+        ]
+        with torch.no_grad():
+            if run == "kernel":
+                out = cpu_ops.ops().mamba2(*operands, *states, batch.starts, batch.slots, batch.fresh, 3, 0.0, 0.9)
+            else:
+                out = _mamba2_torch(config, *operands, *states, batch)
+        runs.append((out, *states))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for kernel_tensor, torch_tensor in zip(*runs):
+        torch.testing.assert_close(kernel_tensor, torch_tensor, rtol=tolerance, atol=tolerance)
+
+
 # Per family, the projections a LoRA adapter takes: the recurrent layers' and the attention layers'.
 LORA_TARGETS = {
     "qwen3_5": ["q_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj", "gate_proj", "down_proj"],
     "qwen3_5_moe": ["q_proj", "v_proj", "in_proj_qkv", "in_proj_b", "out_proj"],
     "lfm2": ["q_proj", "in_proj", "out_proj", "w1", "w2"],
+    "granitemoehybrid": ["q_proj", "o_proj", "in_proj", "out_proj", "input_linear", "output_linear"],
 }
 
 
