@@ -161,6 +161,9 @@ FAMILIES = {
     "phi-3.5-mini-instruct.jinja": ("<s>", "<|endoftext|>"),
     "phi-4.jinja": ("<|endoftext|>", "<|im_end|>"),
     "olmo-2-instruct.jinja": ("<|endoftext|>", "<|endoftext|>"),
+    "qwen3.5.jinja": (None, "<|im_end|>"),
+    "lfm2.5-instruct.jinja": ("<|startoftext|>", "<|im_end|>"),
+    "granite-4.0.jinja": ("<|end_of_text|>", "<|end_of_text|>"),
 }
 
 WEATHER = {"type": "function", "function": {
