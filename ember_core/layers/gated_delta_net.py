@@ -6,6 +6,7 @@ SiLU), the output gate z, and b and a (the write strength beta = sigmoid(b) and 
 exp(-exp(A_log) * softplus(a + dt_bias))). Per value head, the state S [key_dim, value_dim] then
 decays, takes the delta rule's correction of what it recalls for k, and answers q:
     S = S * decay;  S += k (beta (v - S^T k))^T;  o = S^T q
+(computed in one pass over S per token: see kernels/gated_delta_net.cpp)
 (q and k l2-normalised per head, q scaled by key_dim^-1/2; each q/k head serves
 num_value_heads / num_key_heads value heads, grouped or tiled). o goes through an RMSNorm gated by silu(z) and the
 output projection.
@@ -50,9 +51,14 @@ class GatedDeltaNet(RecurrentLayer):
         return list(zip(INPUT_PROJECTIONS, (c.conv_size, c.value_size, c.num_value_heads, c.num_value_heads)))
 
     def state_specs(self) -> list[tuple[tuple[int, ...], bool]]:
-        """The convolution's last inputs in the model's dtype, and S per value head in float32."""
+        """The convolution's last inputs in the model's dtype; per value head in float32, S and the last
+        token's update of it still to apply ([decay | k | delta]: see gated_delta_net.cpp's recur)."""
         c = self.config
-        return [((c.conv_size, c.conv_kernel - 1), False), ((c.num_value_heads, c.key_head_dim, c.value_head_dim), True)]
+        return [
+            ((c.conv_size, c.conv_kernel - 1), False),
+            ((c.num_value_heads, c.key_head_dim, c.value_head_dim), True),
+            ((c.num_value_heads, 1 + c.key_head_dim + c.value_head_dim), True),
+        ]
 
     def forward(self, hidden: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         projected = self.in_proj(hidden).contiguous()
@@ -79,10 +85,12 @@ def _gated_delta_net_torch(
     eps: float,
     conv_state: torch.Tensor,
     recurrent_state: torch.Tensor,
+    pending_state: torch.Tensor,
     batch: RecurrentBatch,
 ) -> torch.Tensor:
     """gated_delta_net.cpp's arithmetic in torch ops, one token of one sequence at a time (so every
-    op sees the same shapes however the step is batched)."""
+    op sees the same shapes however the step is batched): S_t = g S_{t-1} + k delta^T applied as the
+    next token reads S."""
     dtype, heads, group = projected.dtype, c.num_value_heads, c.num_value_heads // c.num_key_heads
     z_start, gates_start = c.conv_size, c.conv_size + c.value_size
     out = torch.empty(projected.shape[0], c.value_size, dtype=dtype, device=projected.device)
@@ -91,7 +99,8 @@ def _gated_delta_net_torch(
         if fresh:
             conv_state[slot].zero_()
             recurrent_state[slot].zero_()
-        state = recurrent_state[slot]
+            pending_state[slot].zero_()
+        state, pending = recurrent_state[slot], pending_state[slot]
         for token in range(starts[seq], starts[seq + 1]):
             row = projected[token]
             window = torch.cat([conv_state[slot], row[: c.conv_size, None]], dim=1)
@@ -106,11 +115,12 @@ def _gated_delta_net_torch(
                 q, k = q.repeat_interleave(group, dim=0), k.repeat_interleave(group, dim=0)
             b, a = row[gates_start : gates_start + heads].float(), row[gates_start + heads :].float()
             decay = torch.exp(-torch.exp(a_log.float()) * F.softplus(a + dt_bias.float()))
-            state.mul_(decay[:, None, None])
-            recalled = (state * k[:, :, None]).sum(dim=1)
-            delta = (v.view(heads, -1) - recalled) * torch.sigmoid(b)[:, None]
-            state.add_(k[:, :, None] * delta[:, None, :])
-            o = (state * q[:, :, None]).sum(dim=1).to(dtype).float()
+            last_decay, last_key, last_delta = pending.split([1, c.key_head_dim, c.value_head_dim], dim=1)
+            state.copy_(state * last_decay[:, :, None] + last_key[:, :, None] * last_delta[:, None, :])
+            reads_k, reads_q = (state * k[:, :, None]).sum(dim=1), (state * q[:, :, None]).sum(dim=1)
+            delta = (v.view(heads, -1) - reads_k * decay[:, None]) * torch.sigmoid(b)[:, None]
+            o = (reads_q * decay[:, None] + (k * q).sum(dim=1, keepdim=True) * delta).to(dtype).float()
+            pending.copy_(torch.cat([decay[:, None], k, delta], dim=1))
             normed = (o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + eps)).to(dtype)
             z = row[z_start:gates_start].view(heads, -1).float()
             out[token] = ((norm_weight * normed).float() * F.silu(z)).to(dtype).view(-1)
