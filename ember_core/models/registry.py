@@ -29,9 +29,9 @@ SIZE_KEYS = (
     "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval", "shared_intermediate_size",
     "mamba_n_heads", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
 )  # fmt: skip
-# Sizes whose 0 means none: Qwen2-MoE's configs write sliding_window 0 for no window, Granite
-# 4.0-H's dense ones num_local_experts 0.
-ZERO_MEANS_NONE = ("sliding_window", "num_local_experts", "num_experts")
+# Sizes whose 0 means none, and in which model types (None: all): Qwen2-MoE's configs write
+# sliding_window 0 for no window, Granite 4.0-H's dense ones num_local_experts 0.
+ZERO_MEANS_NONE: dict[str, tuple[str, ...] | None] = {"sliding_window": None, "num_local_experts": ("granitemoehybrid",)}
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
@@ -43,7 +43,7 @@ def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
         raise ValueError(f"unsupported model_type {model_type!r}; ember supports {SUPPORTED_MODEL_TYPES}")
     for key in SIZE_KEYS:
         value = hf_config.get(key)
-        if key in ZERO_MEANS_NONE and value == 0:
+        if value == 0 and _zero_means_none(key, model_type):
             continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"config.json: {key} must be a positive integer, got {value!r}")
@@ -55,6 +55,11 @@ def config_from_hf(hf_config: dict[str, Any]) -> DecoderConfig | GPT2Config:
         raise ValueError(f"config.json has no {exc.args[0]!r}, which a {model_type} model needs") from None
     except TypeError as exc:
         raise ValueError(f"config.json holds a value of the wrong type: {exc}") from None
+
+
+def _zero_means_none(key: str, model_type: str) -> bool:
+    model_types = ZERO_MEANS_NONE.get(key, ())
+    return model_types is None or model_type in model_types
 
 
 def _language_model_config(hf_config: dict[str, Any]) -> dict[str, Any]:
