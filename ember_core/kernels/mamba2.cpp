@@ -3,8 +3,8 @@
 // the selective state-space recurrence per head, D's skip, and the RMSNorm gated by silu(z) per group.
 //
 // Per head h (of group g) and token: dt = softplus(dt_raw + dt_bias) clamped to the time-step limits,
-// then for each of its head_dim channels p and state_size entries n
-//     S[p][n] = S[p][n] * exp(dt * A) + (dt * B[g][n]) * x[p];   y[p] = sum_n S[p][n] * C[g][n] + D * x[p]
+// then for each of its state_size entries n and head_dim channels p (S is kept [state, head_dim])
+//     S[n][p] = S[n][p] * exp(dt * A) + (dt * B[g][n]) * x[p];   y[p] = sum_n S[n][p] * C[g][n] + D * x[p]
 // with A = -exp(A_log). The recurrence runs token by token in prompts as in decodes (never the
 // chunked SSD form transformers uses for prompts), so a token's bits never depend on how its prompt
 // was chunked or batched; work splits only along (sequence, head) and (token, group).
@@ -53,7 +53,7 @@ void scan(const T* projected, const float* convolved, const T* a_log, const T* d
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / heads, h = item % heads, g = h / heads_per_group;
       const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
-      float* state = ssm_state + (b.slots[seq] * heads + h) * hd * n;
+      float* state = ssm_state + (b.slots[seq] * heads + h) * n * hd;
       if (b.fresh[seq])
         for (int64_t i = 0; i < hd * n; ++i) state[i] = 0.0f;
       const float rate = -std::exp(static_cast<float>(a_log[h]));
@@ -68,17 +68,20 @@ void scan(const T* projected, const float* convolved, const T* a_log, const T* d
         const float* bias_in = convolved + token * channels + s.inner() + g * n;
         const float* read_out = convolved + token * channels + s.inner() + s.groups * n + g * n;
         for (int64_t i = 0; i < n; ++i) dt_b[i] = dt * bias_in[i];
+        // S is kept [state, head_dim]: each of its rows updates and adds into all of y's channels in
+        // vectors, each channel's sum still taken over the state in order.
+        const float* __restrict__ xs = x;
         float* __restrict__ out = y + token * s.inner() + h * hd;
-        for (int64_t p = 0; p < hd; ++p) {
-          float* __restrict__ state_row = state + p * n;
-          const float xp = x[p];
-          float total = 0.0f;
-          for (int64_t i = 0; i < n; ++i) {
-            state_row[i] = state_row[i] * decay + dt_b[i] * xp;
-            total += state_row[i] * read_out[i];
+        for (int64_t p = 0; p < hd; ++p) out[p] = 0.0f;
+        for (int64_t i = 0; i < n; ++i) {
+          float* __restrict__ state_row = state + i * hd;
+          const float update = dt_b[i], read = read_out[i];
+          for (int64_t p = 0; p < hd; ++p) {
+            state_row[p] = state_row[p] * decay + update * xs[p];
+            out[p] += state_row[p] * read;
           }
-          out[p] = total + skip * xp;
         }
+        for (int64_t p = 0; p < hd; ++p) out[p] += skip * xs[p];
       }
     }
   });
@@ -134,7 +137,7 @@ at::Tensor run(const at::Tensor& projected, const at::Tensor& conv_weight, const
 namespace ember {
 
 // projected: [tokens, z | x B C | dt] (the input projection's output); conv_weight [conv, kernel];
-// conv_state [slots, conv, kernel - 1] and ssm_state [slots, heads, head_dim, state] (float32) are
+// conv_state [slots, conv, kernel - 1] and ssm_state [slots, heads, state, head_dim] (float32) are
 // updated in place for each sequence's slot. Returns [tokens, heads * head_dim].
 at::Tensor mamba2(const at::Tensor& projected, const at::Tensor& conv_weight, const std::optional<at::Tensor>& conv_bias,
                   const at::Tensor& a_log, const at::Tensor& dt_bias, const at::Tensor& d_skip,
@@ -150,10 +153,10 @@ at::Tensor mamba2(const at::Tensor& projected, const at::Tensor& conv_weight, co
     TORCH_CHECK(conv_bias->scalar_type() == dtype && conv_bias->is_contiguous(), "mamba2: conv bias must be ", dtype);
   TORCH_CHECK(projected.is_contiguous() && projected.dim() == 2, "mamba2: projected must be contiguous 2-D");
   TORCH_CHECK(ssm_state.scalar_type() == at::kFloat && ssm_state.is_contiguous() && ssm_state.dim() == 4,
-              "mamba2: ssm_state must be a contiguous float32 [slots, heads, head_dim, state]");
+              "mamba2: ssm_state must be a contiguous float32 [slots, heads, state, head_dim]");
   TORCH_CHECK(starts.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && fresh.scalar_type() == at::kBool,
               "mamba2: starts and slots int64, fresh bool");
-  const Sizes s{ssm_state.size(1), ssm_state.size(2), ssm_state.size(3), num_groups, conv_weight.size(1),
+  const Sizes s{ssm_state.size(1), ssm_state.size(3), ssm_state.size(2), num_groups, conv_weight.size(1),
                 time_step_min, time_step_max};
   TORCH_CHECK(s.heads % num_groups == 0 && projected.size(1) == s.row() && conv_weight.size(0) == s.conv_size() &&
                   conv_state.size(1) == s.conv_size() && conv_state.size(2) == s.kernel - 1 &&

@@ -3,9 +3,9 @@ state per head, not a KV cache that grows with the context.
 
 One input projection gives, per token, the gate z, x with the shared B and C (through a causal
 depthwise convolution with SiLU), and a time step per head. Per head, with A = -exp(A_log) and
-dt = softplus(dt + dt_bias) clamped to the time-step limits, the state S [head_dim, state_size]
+dt = softplus(dt + dt_bias) clamped to the time-step limits, the state S [state_size, head_dim]
 decays and takes x's contribution; the output reads it through C and adds D's skip of x:
-    S = S * exp(dt A) + (dt B) x^T;  y = S C + D x
+    S = S * exp(dt A) + (dt B) x^T;  y = S^T C + D x
 (B and C are shared by the heads of each of num_groups groups). y times silu(z) goes through an
 RMSNorm per group and the output projection.
 
@@ -42,9 +42,10 @@ class Mamba2(RecurrentLayer):
         self.out_proj = nn.Linear(c.inner_size, hidden_size, bias=c.projection_bias)
 
     def state_specs(self) -> list[tuple[tuple[int, ...], bool]]:
-        """The convolution's last inputs in the model's dtype, and S per head in float32."""
+        """The convolution's last inputs in the model's dtype, and S per head in float32, kept
+        [state_size, head_dim] (the kernel updates a row of it across the head's channels at once)."""
         c = self.config
-        return [((c.conv_size, c.conv_kernel - 1), False), ((c.num_heads, c.head_dim, c.state_size), True)]
+        return [((c.conv_size, c.conv_kernel - 1), False), ((c.num_heads, c.state_size, c.head_dim), True)]
 
     def forward(self, hidden: torch.Tensor, batch: RecurrentBatch) -> torch.Tensor:
         projected = self.in_proj(hidden).contiguous()
@@ -102,8 +103,8 @@ def _mamba2_torch(
             dt = F.softplus((raw + dt_bias).to(dtype).float()).to(dtype).float().clamp(c.time_step_min, c.time_step_max)
             x = x.view(c.num_heads, c.head_dim)
             state.mul_(torch.exp(dt * rate)[:, None, None])
-            state.add_((dt[:, None] * b)[:, None, :] * x[:, :, None])
-            y = (state * cc[:, None, :]).sum(dim=-1) + d_skip.float()[:, None] * x
+            state.add_((dt[:, None] * b)[:, :, None] * x[:, None, :])
+            y = (state * cc[:, :, None]).sum(dim=1) + d_skip.float()[:, None] * x
             gate = row[:inner].float()
             gated = (y.to(dtype).float().view(-1) * F.silu(gate)).view(groups, -1)
             normed = gated * torch.rsqrt(gated.pow(2).mean(dim=-1, keepdim=True) + eps)

@@ -1,7 +1,8 @@
-"""A hybrid model (Qwen3.5's Gated DeltaNet layers beside attention) served by real engine and gateway
-processes: concurrent multi-turn chats whose later turns resume from their state checkpoints, and
-long answers that outgrow the pool and are preempted, each answer the same as a cacheless engine's;
-and an engine killed mid-stream whose requests finish on the other one."""
+"""A hybrid model (Qwen3.5's Gated DeltaNet layers beside attention; Granite 4.0-H's Mamba2 layers
+beside attention and experts) served by real engine and gateway processes: concurrent multi-turn
+chats whose later turns resume from their state checkpoints, and long answers that outgrow the pool
+and are preempted, each answer the same as a cacheless engine's; and an engine killed mid-stream
+whose requests finish on the other one."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ TURNS = 3
 QUESTIONS = ["Tell me about rivers.", "And forests?", "What about castles?", "Markets, then?"]
 
 
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model_dir = tmp_path_factory.mktemp("qwen3_5_served")
-    write_hybrid_checkpoint(model_dir, seed=2)
+@pytest.fixture(scope="module", params=["qwen3_5", "granitemoehybrid_moe"])
+def hybrid_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model_dir = tmp_path_factory.mktemp(f"{request.param}_served")
+    write_hybrid_checkpoint(model_dir, seed=2, family=request.param)
     write_tokenizer(model_dir, "qwen2", FAMILIES["qwen2"].specials, VOCAB)
     return model_dir
 
