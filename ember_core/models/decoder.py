@@ -305,6 +305,7 @@ class Decoder(nn.Module):
         a mixture of experts' attention and shared expert (its routed experts are stacked tensors,
         which no LoRALinear wraps); a fused QKV or gate/up in the parts the checkpoint stores."""
         shards = self.fused_shards()
+        family = self.config.family
         targets = []
         for index, layer in enumerate(self.layers):
             paths = _ATTENTION_LINEARS
@@ -318,7 +319,6 @@ class Decoder(nn.Module):
                 parent_path, _, attribute = path.rpartition(".")
                 parent = layer.get_submodule(parent_path)
                 parts = shards.get(path, [(path, getattr(parent, attribute).out_features)])
-                family = self.config.family
                 modules = [(f"model.{family.checkpoint_name(f'layers.{index}.{name}.weight')}".removesuffix(".weight"), rows) for name, rows in parts]
                 targets.append(AdapterTarget(parent, attribute, family.fused_in_checkpoint(modules)))
         return targets
