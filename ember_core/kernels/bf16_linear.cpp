@@ -14,9 +14,6 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "gguf_blocks.h"
 #include "ops.h"
 #include "parallel_tiles.h"
@@ -222,30 +220,16 @@ constexpr int64_t kAmxRows = 16;  // weight rows of a tile, x rows of a group
 constexpr int64_t kAmxTaskRows = 4 * kAmxRows;  // weight rows of one task: tiles 0-3 accumulate them
 constexpr int64_t kAmxBytes = 1024;  // one 16 x 64-byte tile
 
-bool amx_permitted() {
-  // Linux hands out AMX's 8 KB of tile state per process on request (XFEATURE_XTILEDATA = 18).
-  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) == 0;
-  return permitted;
+// A thread's tiles: 0-3 accumulate, 4 holds x, 5 and 6 weights, all 16 rows of 64 bytes.
+TileConfig square_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 7; ++t) config.tile(t, kAmxRows, 64);
+  return config;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// A thread's tiles: 0-3 accumulate, 4 holds x, 5 and 6 weights, all 16 rows of 64 bytes; released
-// when the thread's share of the work ends.
-struct AmxTiles {
+struct AmxTask {
+  AmxTiles tiles{square_tiles()};
   std::vector<uint16_t> rows;  // a task's weight rows expanded from blocks, or a last task's padded
-  AmxTiles() {
-    TileConfig config;
-    for (int t = 0; t < 7; ++t) config.bytes_per_row[t] = 64, config.rows[t] = kAmxRows;
-    _tile_loadconfig(&config);
-  }
-  AmxTiles(const AmxTiles&) = delete;  // a copy's destructor would release the tiles under their user
-  AmxTiles& operator=(const AmxTiles&) = delete;
-  ~AmxTiles() { _tile_release(); }
 };
 
 // x's rows, 16 at a time, as tdpbf16ps's second operand: [groups, k / 32 steps, 16 pairs, 16 rows]
@@ -321,10 +305,10 @@ void amx_linear(const Problem& p, const Weight& w) {
   const int64_t tasks = (p.n + kAmxTaskRows - 1) / kAmxTaskRows;
   const auto task_rows = [&](int64_t task) { return std::min(kAmxTaskRows, p.n - task * kAmxTaskRows); };
   if (Format == kBF16 || p.m > kAmxRows) {  // rows in place or expanded whole: several x groups reuse them
-    parallel_over_tiles(tasks, [] { return AmxTiles(); }, [&](AmxTiles& tiles, int64_t begin, int64_t end) {
+    parallel_over_tiles(tasks, [] { return AmxTask(); }, [&](AmxTask& task_state, int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t row = task * kAmxTaskRows;
-        const auto* first = reinterpret_cast<const char*>(bf16_rows<Format>(w, p.k, row, kAmxTaskRows, tiles.rows));
+        const auto* first = reinterpret_cast<const char*>(bf16_rows<Format>(w, p.k, row, kAmxTaskRows, task_state.rows));
         amx_task(p, packed_x.get(), row, [&](int64_t step) { return std::pair(first + step * 64, p.k * 2); });
       }
     }, /* per_take = */ 1);  // a task is 64 rows: a 576-row layer has only 9
@@ -342,7 +326,7 @@ void amx_linear(const Problem& p, const Weight& w) {
     for (int64_t line = from; line < to; ++line) __builtin_prefetch(blocks + line * 64, 0, 2);
   };
   struct Thread {
-    AmxTiles tiles;  // configured for the thread's tasks, released after them
+    AmxTiles tiles{square_tiles()};  // configured for the thread's tasks, released after them
     bool first_task = true;
   };
   parallel_over_tiles_looking_ahead(tasks, [] { return Thread(); }, [&](Thread& thread, int64_t task, int64_t next) {

@@ -83,8 +83,8 @@ INSTRUCTION_SETS = (
                 ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mtune=generic"),
             ),
             InstructionSet(
-                "amx", (*_X86_64_V3, *_X86_64_V4, "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"),
-                ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mtune=generic"),
+                "amx", (*_X86_64_V3, *_X86_64_V4, "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"),
+                ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-mtune=generic"),
             ),
         )
         if _IS_X86_64

@@ -15,7 +15,9 @@
 // decode's single row and a prompt's hundreds alike, whichever integer route a path takes. Against
 // the float32 product over the dequantized weights it differs by x's rounding to 8 bits, at most
 // half a step of 1/127 of its block's largest value: finer than the Q8_K activations (one scale
-// per 256 values) that llama.cpp's K-quant kernels multiply by.
+// per 256 values) that llama.cpp's K-quant kernels multiply by. On the amx build, steps of 12 rows
+// or more take the integer sums from AMX tiles instead (amx_int8_linear, below), the float steps
+// unchanged.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -28,9 +30,11 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "gguf_blocks.h"
 #include "int8_blocks.h"
 #include "ops.h"
@@ -361,10 +365,250 @@ inline void group_against_all_of_x(const Problem& p, int64_t row, int64_t rows, 
   for (; xrow < m; ++xrow) group_against_x_rows<Format, 1>(p, row, rows, xrow, group_block);
 }
 
+#if defined(__AMX_INT8__)
+// AMX: one tdpbusd multiplies 16 weight rows' u (unsigned, its first operand) by 16 x rows' q
+// (signed) over a block's 32 values, or over a half's 16 where the format scales halves: the
+// integer sums of 256 outputs in one instruction, each exactly the sum the vector routes take.
+// Computed transposed, C[weight row][x row], the float steps then run per weight row with the x
+// rows across a register's lanes, each output taking add_block_sums's steps in add_block_sums's
+// order: the bits of the vector routes, at every row count.
+constexpr int64_t kAmxRows = 16;  // weight rows of a task, x rows of a group
+constexpr int64_t kAmxMinRows = 12;  // fewer x rows take the vector routes, faster where a tile would mostly idle
+
+template <int64_t Format>
+constexpr int64_t kPartValues = kInt8BlockValues / kParts<Format>;
+
+// One block of a group of 16 x rows, as the tiles and the float steps read it; rows past m are zeros.
+struct alignas(64) AmxXBlock {
+  int8_t q[kInt8BlockValues / 4][4 * kAmxRows];  // tdpbusd's second operand: q[i][4 r + j] = row r's value 4 i + j
+  float scale[kAmxRows];
+  int32_t offset_shares[2][kAmxRows];  // per part: - offset * sum(q), where the format has an offset
+  float scaled_sums[2][kAmxRows];  // per part: scale * sum(q), where the format has a minimum
+};
+
+// Q8_0's values are signed bytes: tdpbssd takes them as stored, in place where a task has 16 rows,
+// and no offset is applied; the other formats' u take tdpbusd.
+template <int64_t Format>
+constexpr bool kAmxSigned = Format == kQ8_0;
+
+// One block's factors for a task's 16 weight rows; rows past n repeat the last one (their outputs
+// are not stored).
+struct alignas(64) AmxFactors {
+  float scale[2][kAmxRows], minimum[2][kAmxRows];
+};
+
+// Where a task's values lie: row r's 32 values of block b at first + b * block_step + r * row_stride.
+struct AmxValues {
+  const uint8_t* first;
+  int64_t block_step, row_stride;
+};
+
+// A thread's buffers for one task's weights, expanded from its blocks.
+struct AmxTaskWeights {
+  explicit AmxTaskWeights(int64_t blocks) : factors(blocks), values(blocks * kAmxRows * kInt8BlockValues) {}
+  std::vector<AmxFactors> factors;
+  std::vector<uint8_t> values;  // [blocks, 16 rows, 32]
+};
+
+template <int64_t Format>
+std::vector<AmxXBlock> pack_x_for_amx(const QuantizedRows& x) {
+  const int64_t groups = (x.m + kAmxRows - 1) / kAmxRows;
+  std::vector<AmxXBlock> packed(groups * x.blocks);
+  at::parallel_for(0, groups * x.blocks, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {  // group i / blocks, block i % blocks
+      const int64_t group = i / x.blocks, block = i % x.blocks;
+      AmxXBlock& out = packed[i];
+      std::memset(&out, 0, sizeof(out));
+      for (int64_t r = 0; r < std::min(kAmxRows, x.m - group * kAmxRows); ++r) {
+        const int64_t at = x.at(group * kAmxRows + r, block);
+        for (int64_t four = 0; four < kInt8BlockValues / 4; ++four) std::memcpy(&out.q[four][4 * r], x.block_q(group * kAmxRows + r, block) + 4 * four, 4);
+        out.scale[r] = x.scale[at];
+        for (int64_t part = 0; part < kParts<Format>; ++part) {
+          out.offset_shares[part][r] = part_offset_share<Format>(x, at, part)[0];
+          out.scaled_sums[part][r] = kParts<Format> == 2 ? x.scaled_half_sums[2 * at + part] : x.scaled_sums[at];
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+// Weight rows [row, row + rows), rows <= 16: their factors into `out`, their values too unless
+// the tiles read them in place.
+template <int64_t Format>
+AmxValues expand_for_amx(const Problem& p, int64_t row, int64_t rows, AmxTaskWeights& out) {
+  constexpr BlockLayout layout = kBlockLayouts[Format];
+  constexpr int64_t per_block = layout.values / kInt8BlockValues;
+  const RowBlocks eights[2] = {group_rows(p.blocks, p.row_bytes, row, std::min(rows, kGroupRows)),
+                               rows > kGroupRows ? group_rows(p.blocks, p.row_bytes, row + kGroupRows, rows - kGroupRows)
+                                                 : group_rows(p.blocks, p.row_bytes, row + rows - 1, 1)};
+  const bool in_place = kAmxSigned<Format> && rows == kAmxRows;
+  SpreadPrefetch next_task = spread_prefetch_rows(p.blocks, p.row_bytes, p.n, row + kAmxRows, kAmxRows, p.x->blocks);
+  for (int64_t block = 0; block < p.x->blocks; ++block) {
+    next_task.step();
+    const int64_t offset = block / per_block * layout.bytes, sub = block % per_block;
+    for (int64_t e = 0; e < 2; ++e) {
+      const GroupFactors factors = group_factors<Format>(RowBlocks{eights[e].first + offset, eights[e].offsets}, sub);
+      for (int64_t part = 0; part < kParts<Format>; ++part) {
+        std::memcpy(&out.factors[block].scale[part][kGroupRows * e], &factors.scale[part], sizeof(vfloat));
+        std::memcpy(&out.factors[block].minimum[part][kGroupRows * e], &factors.minimum[part], sizeof(vfloat));
+      }
+    }
+    if (in_place) continue;
+    for (int64_t r = 0; r < kAmxRows; ++r) {
+      const uint8_t* source = p.blocks + (row + std::min(r, rows - 1)) * p.row_bytes + offset;
+      uint8_t* values = out.values.data() + (block * kAmxRows + r) * kInt8BlockValues;
+      if constexpr (kAmxSigned<Format>) {
+        std::memcpy(values, source + 2, kInt8BlockValues);  // Q8_0: the bytes after its float16 scale
+      } else {
+        const vbytes u = integer_values<Format>(source, sub);
+        std::memcpy(values, &u, sizeof(u));
+      }
+    }
+  }
+  if (in_place) return {p.blocks + row * p.row_bytes + 2, layout.bytes, p.row_bytes};
+  return {out.values.data(), kAmxRows * kInt8BlockValues, kInt8BlockValues};
+}
+
+// Four sets of tiles take a task's parts (a block, or a half of one) in turn, so that while one
+// part's sums are scaled, the next three parts' products run: set s sums in tile kSumTile[s] the
+// u of tile 2 times the q of tile 3 (even sets) or the u of 4 times the q of 5 (odd sets).
+constexpr int kSumTile[4] = {0, 1, 6, 7};
+constexpr int kLookahead = 3;  // parts started before the first one's sums are read
+
+template <int64_t Format>
+TileConfig int8_tiles() {
+  TileConfig config;
+  for (int sum : kSumTile) config.tile(sum, kAmxRows, 4 * kAmxRows);
+  for (int u : {2, 4}) config.tile(u, kAmxRows, kPartValues<Format>);
+  for (int q : {3, 5}) config.tile(q, kPartValues<Format> / 4, 4 * kAmxRows);
+  return config;
+}
+
+// The tile intrinsics take their tile numbers as literals.
+#define EMBER_AMX_PRODUCT(sum, u, q, values, stride, x_q)                     \
+  do {                                                                        \
+    _tile_zero(sum);                                                          \
+    _tile_loadd(u, values, stride);                                           \
+    _tile_loadd(q, x_q, 4 * kAmxRows);                                        \
+    if constexpr (kAmxSigned<Format>) _tile_dpbssd(sum, u, q); else _tile_dpbusd(sum, u, q); \
+  } while (false)
+
+// Starts part `part` of block `block` in tile set `Set`: its integer sums for the 256 outputs.
+template <int64_t Format, int Set>
+__attribute__((always_inline)) inline void start_part(const AmxValues& w, const AmxXBlock& x, int64_t block, int64_t part) {
+  const uint8_t* values = w.first + block * w.block_step + part * kPartValues<Format>;
+  const int8_t* q = x.q[part * kPartValues<Format> / 4];
+  if constexpr (Set == 0) EMBER_AMX_PRODUCT(0, 2, 3, values, w.row_stride, q);
+  if constexpr (Set == 1) EMBER_AMX_PRODUCT(1, 4, 5, values, w.row_stride, q);
+  if constexpr (Set == 2) EMBER_AMX_PRODUCT(6, 2, 3, values, w.row_stride, q);
+  if constexpr (Set == 3) EMBER_AMX_PRODUCT(7, 4, 5, values, w.row_stride, q);
+}
+#undef EMBER_AMX_PRODUCT
+
+template <int Set>
+__attribute__((always_inline)) inline void store_sums(int32_t (&sums)[kAmxRows][kAmxRows]) {
+  if constexpr (Set == 0) _tile_stored(0, sums, 4 * kAmxRows);
+  if constexpr (Set == 1) _tile_stored(1, sums, 4 * kAmxRows);
+  if constexpr (Set == 2) _tile_stored(6, sums, 4 * kAmxRows);
+  if constexpr (Set == 3) _tile_stored(7, sums, 4 * kAmxRows);
+}
+
+// A part's float steps for the 256 outputs, from its integer sums [weight row][x row].
+template <int64_t Format>
+__attribute__((always_inline)) inline void add_part_sums(__m512 (&acc)[kAmxRows], const int32_t (&sums)[kAmxRows][kAmxRows],
+                                                         const AmxFactors& w, const AmxXBlock& x, int64_t part) {
+  const __m512 x_scale = _mm512_load_ps(x.scale);
+  const __m512i share = _mm512_load_si512(x.offset_shares[part]);
+  const __m512 scaled_sums = _mm512_load_ps(x.scaled_sums[part]);
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < kAmxRows; ++r) {
+    __m512i s = _mm512_load_si512(sums[r]);
+    if constexpr (kOffsetShift<Format> >= 0 && !kAmxSigned<Format>) s = _mm512_add_epi32(s, share);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(w.scale[part][r]), x_scale), acc[r]);
+    if constexpr (kOffsetShift<Format> < 0) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w.minimum[part][r]), scaled_sums, acc[r]);
+  }
+}
+
+// A task's weight rows [row, row + rows) against x rows [xrow, xrow + xrows), xrows <= 16.
+template <int64_t Format>
+void amx_group(const Problem& p, const AmxValues& values, const AmxFactors* factors, const AmxXBlock* x, int64_t row, int64_t rows, int64_t xrow, int64_t xrows) {
+  __m512 acc[kAmxRows];
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  alignas(64) int32_t sums[2][kAmxRows][kAmxRows];
+  const int64_t parts = p.x->blocks * kParts<Format>;  // part i: part i % kParts of block i / kParts
+  const auto start = [&](auto set, int64_t i) {
+    if (i < parts) start_part<Format, set()>(values, x[i / kParts<Format>], i / kParts<Format>, i % kParts<Format>);
+  };
+  // Part i in set i % 4: its sums stored and scaled, and part i + 3 started in its place in turn.
+  const auto step = [&](auto set, int64_t i) {
+    start(std::integral_constant<int, (set() + kLookahead) % 4>{}, i + kLookahead);
+    store_sums<set()>(sums[i % 2]);
+    add_part_sums<Format>(acc, sums[i % 2], factors[i / kParts<Format>], x[i / kParts<Format>], i % kParts<Format>);
+  };
+  start(std::integral_constant<int, 0>{}, 0);
+  start(std::integral_constant<int, 1>{}, 1);
+  start(std::integral_constant<int, 2>{}, 2);
+  for (int64_t i = 0; i < parts; i += 4) {
+    step(std::integral_constant<int, 0>{}, i);
+    if (i + 1 < parts) step(std::integral_constant<int, 1>{}, i + 1);
+    if (i + 2 < parts) step(std::integral_constant<int, 2>{}, i + 2);
+    if (i + 3 < parts) step(std::integral_constant<int, 3>{}, i + 3);
+  }
+  alignas(64) float totals[kAmxRows][kAmxRows];  // [weight row][x row]
+  for (int64_t r = 0; r < kAmxRows; ++r) _mm512_store_ps(totals[r], acc[r]);
+  const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
+  const __m512 bias = p.bias != nullptr ? _mm512_maskz_loadu_ps(valid, p.bias + row) : __m512{};
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(kAmxRows));
+  for (int64_t j = 0; j < xrows; ++j) {  // x row j's outputs: column j, plus the bias (store_outputs's one addition)
+    const __m512 sums = _mm512_i32gather_ps(column, &totals[0][j], 4);
+    const __m512 total = p.bias != nullptr ? _mm512_add_ps(sums, bias) : sums;
+    if (!p.bf16_out) {
+      _mm512_mask_storeu_ps(static_cast<float*>(p.y) + (xrow + j) * p.n + row, valid, total);
+      continue;
+    }
+    alignas(64) float lanes[kAmxRows];
+    _mm512_store_ps(lanes, total);
+    for (int64_t r = 0; r < rows; ++r) static_cast<c10::BFloat16*>(p.y)[(xrow + j) * p.n + row + r] = c10::BFloat16(lanes[r]);
+  }
+}
+
+template <int64_t Format>
+void amx_int8_linear(const Problem& p) {
+  const int64_t m = p.x->m, n = p.n, blocks = p.x->blocks, tasks = (n + kAmxRows - 1) / kAmxRows;
+  const std::vector<AmxXBlock> x = pack_x_for_amx<Format>(*p.x);
+  struct Thread {  // a task's weights expanded while the previous task's run
+    explicit Thread(int64_t blocks) : weights{AmxTaskWeights(blocks), AmxTaskWeights(blocks)} {}
+    AmxTiles tiles{int8_tiles<Format>()};
+    AmxTaskWeights weights[2];
+    AmxValues values[2];
+  };
+  const int64_t per_take = std::clamp<int64_t>(kTilesPerTake * 8 / m, 2, kTilesPerTake);
+  const auto expand = [&](Thread& thread, int64_t task) {
+    const int64_t row = task * kAmxRows;
+    thread.values[task % 2] = expand_for_amx<Format>(p, row, std::min(kAmxRows, n - row), thread.weights[task % 2]);
+  };
+  parallel_over_tiles(tasks, [&] { return Thread(blocks); }, [&](Thread& thread, int64_t begin, int64_t end) {
+    expand(thread, begin);
+    for (int64_t task = begin; task < end; ++task) {
+      if (task + 1 < end) expand(thread, task + 1);
+      const int64_t row = task * kAmxRows, rows = std::min(kAmxRows, n - row);
+      for (int64_t xrow = 0; xrow < m; xrow += kAmxRows)
+        amx_group<Format>(p, thread.values[task % 2], thread.weights[task % 2].factors.data(), x.data() + xrow / kAmxRows * blocks,
+                          row, rows, xrow, std::min(kAmxRows, m - xrow));
+    }
+  }, per_take);
+}
+#endif
+
 template <int64_t Format>
 void int8_linear_as(const Problem& p) {
   const int64_t m = p.x->m, n = p.n, blocks = p.x->blocks, groups = (n + kGroupRows - 1) / kGroupRows;
   const auto rows_of = [&](int64_t group) { return std::min(kGroupRows, n - group * kGroupRows); };
+#if defined(__AMX_INT8__)
+  if (m >= kAmxMinRows && amx_permitted()) return amx_int8_linear<Format>(p);
+#endif
   if (m == 1) {
     parallel_over_tiles(groups, [] { return 0; }, [&](int, int64_t begin, int64_t end) {
       for (int64_t group = begin; group < end; ++group) group_against_one_row<Format>(p, group * kGroupRows, rows_of(group));

@@ -49,11 +49,11 @@ def test_an_unknown_or_unrunnable_instruction_set_is_refused_by_name() -> None:
 @pytest.fixture(scope="module")
 def vector_builds() -> list[cpu_ops.InstructionSet]:
     """Every build from AVX2 up that this CPU runs (avx512bf16 and amx differ from avx512 in their
-    bfloat16 linear only)."""
+    bfloat16 linear, and amx in its int8 linear's AMX tiles, whose bits must be the VNNI path's)."""
     x86 = [isa for isa in cpu_ops.INSTRUCTION_SETS if isa.name != "baseline"]
     wanted = [isa for isa in x86 if not isa.missing_cpu_flags()]
     if len(wanted) < 2:
-        missing = sorted({flag for isa in x86 for flag in isa.missing_cpu_flags()} - {"avx512_bf16", "amx_tile", "amx_bf16"})
+        missing = sorted({flag for isa in x86 for flag in isa.missing_cpu_flags()} - {"avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
         pytest.skip(f"comparing the AVX2 and AVX-512 builds needs an x86-64 CPU with {', '.join(missing) or 'both'}")
     for isa in wanted:
         cpu_ops.use_instruction_set(isa)

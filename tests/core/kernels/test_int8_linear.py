@@ -24,7 +24,8 @@ from tests.core.layers.test_linear import Q, _blocks
 
 QUANTIZED_KINDS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 # One row, a few rows expanded as they are read, and more rows than a tile's register rows (a
-# buffer of expanded blocks), each with remainders.
+# buffer of expanded blocks), each with remainders; on the amx build, 12 rows or more take AMX tiles
+# (16 x rows a group), whose bits the same-bits test below holds to the one-row vector path's.
 ROW_COUNTS = [1, 2, 3, 5, 9, 17, 40]
 IN_FEATURES = 1024  # four K-quant super-blocks: every sub-block's scale bits are read
 
