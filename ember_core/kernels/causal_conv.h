@@ -9,9 +9,12 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+#include "vec8.h"
 
 namespace ember::recurrent {
 
@@ -35,30 +38,36 @@ inline float as_model(float x) {
 
 // convolved[t][c] = silu(bias[c] + sum_j w[c][j] * x[t - kernel + 1 + j][c]) in float32, rounded to the
 // model's dtype as transformers' conv output is; x[t][c] = projected[t * row + offset + c] (bias may
-// be null). conv_state [slots, channels, kernel - 1] then keeps each sequence's last inputs.
+// be null). conv_state [slots, channels, kernel - 1] then keeps each sequence's last inputs. Eight
+// channels at a time, one per lane, each in its own order: the sum j by j, then silu.
 template <typename T>
 void convolve_silu(const T* projected, int64_t row, int64_t offset, int64_t channels, const T* weight,
                    const T* bias, int64_t kernel, T* conv_state, float* convolved, const Batch& b) {
-  const int64_t history = kernel - 1;
-  at::parallel_for(0, b.sequences * channels, 256, [&](int64_t begin, int64_t end) {
-    std::vector<float> window;
+  const int64_t history = kernel - 1, groups = (channels + kLanes - 1) / kLanes;
+  at::parallel_for(0, b.sequences * groups, 16, [&](int64_t begin, int64_t end) {
+    std::vector<vfloat> window, w(kernel);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / channels, c = item % channels;
+      const int64_t seq = item / groups, first = item % groups * kLanes, lanes = std::min(kLanes, channels - first);
       const int64_t start = b.starts[seq], count = b.starts[seq + 1] - start;
-      T* state = conv_state + (b.slots[seq] * channels + c) * history;
-      window.assign(history + count, 0.0f);
-      if (!b.fresh[seq])
-        for (int64_t j = 0; j < history; ++j) window[j] = static_cast<float>(state[j]);
-      for (int64_t t = 0; t < count; ++t)
-        window[history + t] = static_cast<float>(projected[(start + t) * row + offset + c]);
-      const T* w = weight + c * kernel;
-      const float first = bias != nullptr ? static_cast<float>(bias[c]) : 0.0f;
-      for (int64_t t = 0; t < count; ++t) {
-        float total = first;
-        for (int64_t j = 0; j < kernel; ++j) total += static_cast<float>(w[j]) * window[t + j];
-        convolved[(start + t) * channels + c] = as_model<T>(total * sigmoid(total));
+      T* state = conv_state + (b.slots[seq] * channels + first) * history;
+      window.assign(history + count, vfloat{});
+      vfloat total_bias{};
+      for (int64_t l = 0; l < lanes; ++l) {
+        const int64_t c = first + l;
+        if (!b.fresh[seq])
+          for (int64_t j = 0; j < history; ++j) window[j][l] = static_cast<float>(state[l * history + j]);
+        for (int64_t t = 0; t < count; ++t) window[history + t][l] = static_cast<float>(projected[(start + t) * row + offset + c]);
+        for (int64_t j = 0; j < kernel; ++j) w[j][l] = static_cast<float>(weight[c * kernel + j]);
+        if (bias != nullptr) total_bias[l] = static_cast<float>(bias[c]);
       }
-      for (int64_t j = 0; j < history; ++j) state[j] = static_cast<T>(window[count + j]);
+      for (int64_t t = 0; t < count; ++t) {
+        vfloat total = total_bias;
+        for (int64_t j = 0; j < kernel; ++j) total = total + w[j] * window[t + j];
+        const vfloat activated = total * sigmoid_vector(total);
+        for (int64_t l = 0; l < lanes; ++l) convolved[(start + t) * channels + first + l] = as_model<T>(activated[l]);
+      }
+      for (int64_t l = 0; l < lanes; ++l)
+        for (int64_t j = 0; j < history; ++j) state[l * history + j] = static_cast<T>(window[count + j][l]);
     }
   });
 }

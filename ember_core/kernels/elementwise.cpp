@@ -133,12 +133,8 @@ void rotary_bf16_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 }
 
 // The gated activations of the MLP's fused gate/up output: act(gate) * up, as vector code.
-// silu: sigmoid(g) from e = exp(-|g|) <= 1, 1 / (1 + e) for g >= 0 and e / (1 + e) below, so nothing overflows.
 struct Silu {
-  vfloat operator()(vfloat g) const {
-    const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
-    return g * ((g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e));
-  }
+  vfloat operator()(vfloat g) const { return g * sigmoid_vector(g); }
 };
 
 // GELU's tanh approximation (gelu_pytorch_tanh, Gemma's GeGLU), in torch's order of operations.
@@ -149,12 +145,6 @@ struct GeluTanh {
     return 0.5f * x * (1.0f + tanh_vector(kBeta * (x + kKappa * cube)));
   }
 };
-
-// sigmoid(g), as Silu computes it.
-inline vfloat sigmoid_vector(vfloat g) {
-  const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
-  return (g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e);
-}
 
 template <typename T, typename Activation>
 at::Tensor gated(const at::Tensor& gate_up, Activation activation) {

@@ -124,6 +124,12 @@ inline vfloat exp_nonpositive(vfloat x) {
   return underflow ? vfloat{} : p * reinterpret_cast<vfloat>(exponent);
 }
 
+// sigmoid(g) from e = exp(-|g|) <= 1: 1 / (1 + e) for g >= 0 and e / (1 + e) below, so nothing overflows.
+inline vfloat sigmoid_vector(vfloat g) {
+  const vfloat e = exp_nonpositive(g < 0.0f ? g : -g);
+  return (g < 0.0f ? e : broadcast(1.0f)) / (1.0f + e);
+}
+
 // tanh as vector code (Cephes' tanhf): an odd polynomial below |x| = 0.625, where 1 - 2 / (e^2x + 1)
 // would lose digits to cancellation, and that form from exp_nonpositive(-2|x|) above it. Absolute
 // error ~1e-7 over the whole range; saturates to +-1 without overflow.
