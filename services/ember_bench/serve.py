@@ -74,7 +74,9 @@ def arrival_offsets(count: int, request_rate: float | None, seed: int) -> list[f
 async def run_serve(config: ServeConfig, requests: list[BenchRequest]) -> ServeRun:
     # The limiter below caps concurrency, not aiohttp's default pool of 100 connections; each request
     # has its own deadline (stream_completion), which aiohttp's default 5-minute total must not cut short.
-    connector = aiohttp.TCPConnector(limit=0)
+    # A connection per request: a kept-alive one that the server has since closed (llama-server closes
+    # idle ones) fails the next POST written to it, a lost request the server never saw.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         model = config.model or await first_model_id(session, config)
         preempted_before = await engine_preemptions(session, config)
