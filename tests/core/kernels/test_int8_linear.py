@@ -76,9 +76,10 @@ def test_each_row_has_the_same_bits_alone_and_in_any_batch(kind) -> None:
 
 @pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("kind", [Q.Q4_1, Q.Q6_K, Q.Q8_0], ids=lambda kind: kind.name)
-def test_bfloat16_activations_are_widened_and_the_outputs_rounded_once(kind) -> None:
+@pytest.mark.parametrize("rows", [5, 16])  # 16: AMX tiles on the amx build
+def test_bfloat16_activations_are_widened_and_the_outputs_rounded_once(kind, rows: int) -> None:
     blocks, _ = _weights(kind)
-    x = torch.randn(5, IN_FEATURES, generator=torch.Generator().manual_seed(2)).bfloat16()
+    x = torch.randn(rows, IN_FEATURES, generator=torch.Generator().manual_seed(2)).bfloat16()
     bias = torch.randn(45).bfloat16()
     ops, form = cpu_ops.ops(), GGUF_BLOCK_FORMATS[kind]
     y = ops.int8_linear(x, blocks, bias, form, IN_FEATURES)
