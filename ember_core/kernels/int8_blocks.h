@@ -54,20 +54,6 @@ struct RowBlocks {
 #endif
   }
 
-  // Byte `at` of each row's block: from the dword holding it, never reading past `block_bytes`.
-  template <int64_t kBlockBytes>
-  vuint byte_at(int64_t at) const {
-    const int64_t start = std::min<int64_t>(at / 4 * 4, kBlockBytes - 4);
-    return (dwords(start) >> static_cast<uint32_t>(8 * (at - start))) & 0xFF;
-  }
-
-  // The float16 at `at` of each row's block, as float32.
-  template <int64_t kBlockBytes>
-  vfloat half_at(int64_t at) const {
-    const int64_t start = std::min<int64_t>(at, kBlockBytes - 4);
-    return halves_to_floats(dwords(start) >> static_cast<uint32_t>(8 * (at - start)));
-  }
-
   // The low 16 bits of each lane, a float16, as float32 (exact).
   static vfloat halves_to_floats(vuint bits) {
 #if defined(__F16C__) && defined(__AVX2__)
@@ -83,6 +69,60 @@ struct RowBlocks {
   }
 };
 
+// Byte `at` of each row's block: from the dword holding it, never reading past `block_bytes`.
+// `Rows` is a RowBlocks or a FactorDwords.
+template <int64_t kBlockBytes, typename Rows>
+vuint byte_at(const Rows& rows, int64_t at) {
+  const int64_t start = std::min<int64_t>(at / 4 * 4, kBlockBytes - 4);
+  return (rows.dwords(start) >> static_cast<uint32_t>(8 * (at - start))) & 0xFF;
+}
+
+// The float16 at `at` of each row's block, as float32.
+template <int64_t kBlockBytes, typename Rows>
+vfloat half_at(const Rows& rows, int64_t at) {
+  const int64_t start = std::min<int64_t>(at, kBlockBytes - 4);
+  return RowBlocks::halves_to_floats(rows.dwords(start) >> static_cast<uint32_t>(8 * (at - start)));
+}
+
+// Where a format keeps its factors (scales, minimums, their float16 multipliers): the aligned
+// dwords [first, first + 4 * words) and, where `last` is set, the block's last dword, which
+// byte_at and half_at read near the block's end.
+struct FactorBytes {
+  int64_t first, words;
+  bool last;
+};
+
+template <int64_t Format>
+constexpr FactorBytes kFactorBytes = Format == kQ4_K || Format == kQ5_K ? FactorBytes{0, 4, false}
+                                     : Format == kQ6_K                  ? FactorBytes{192, 4, true}
+                                     : Format == kQ3_K                  ? FactorBytes{96, 3, true}
+                                     : Format == kQ2_K                  ? FactorBytes{0, 4, true}
+                                     : Format == kIQ4_XS                ? FactorBytes{0, 2, false}
+                                                                        : FactorBytes{0, 1, false};
+
+// Eight rows' factor dwords of one block, gathered once for all its sub-blocks: group_factors
+// reads them as it reads a RowBlocks, without a gather per sub-block.
+template <int64_t Format>
+struct FactorDwords {
+  static constexpr FactorBytes kAt = kFactorBytes<Format>;
+  static constexpr int64_t kLast = kBlockLayouts[Format].bytes - 4;
+  RowBlocks rows;
+  vuint words[kAt.words + 1];  // the aligned dwords, then the last one
+
+  FactorDwords() = default;
+  explicit FactorDwords(const RowBlocks& block_rows) : rows(block_rows) {
+    for (int64_t i = 0; i < kAt.words; ++i) words[i] = rows.dwords(kAt.first + 4 * i);
+    if constexpr (kAt.last) words[kAt.words] = rows.dwords(kLast);
+  }
+
+  vuint dwords(int64_t at) const {
+    if (kAt.last && at == kLast) return words[kAt.words];
+    const int64_t i = (at - kAt.first) / 4;
+    if (at % 4 == 0 && i >= 0 && i < kAt.words) return words[i];
+    return rows.dwords(at);  // not among the format's factor bytes: gathered where asked
+  }
+};
+
 inline vfloat to_float(vuint v) { return __builtin_convertvector(reinterpret_cast<vint>(v), vfloat); }
 
 // Per half of a block's 32 weights, for eight rows: the scale, and the minimum (0 for offset formats).
@@ -92,23 +132,23 @@ struct GroupFactors {
 
 // Sub-block `sub`'s factors of eight rows' blocks in `Format`: gguf_blocks.h's per-block formulas
 // (sub_block_factors, sixteen_value_factors, iq4_factor_and_indices) on a vector of rows, exact.
-template <int64_t Format>
-__attribute__((always_inline)) inline GroupFactors group_factors(const RowBlocks& rows, int64_t sub) {
+template <int64_t Format, typename Rows>
+__attribute__((always_inline)) inline GroupFactors group_factors(const Rows& rows, int64_t sub) {
   constexpr int64_t kBytes = kBlockLayouts[Format].bytes;
   const auto both = [](vfloat scale, vfloat minimum) { return GroupFactors{{scale, scale}, {minimum, minimum}}; };
   if constexpr (Format == kQ4_0 || Format == kQ5_0 || Format == kQ8_0 || Format == kIQ4_NL) {
-    return both(rows.half_at<kBytes>(0), vfloat{});
+    return both(half_at<kBytes>(rows, 0), vfloat{});
   } else if constexpr (Format == kQ4_1 || Format == kQ5_1) {
     const vuint head = rows.dwords(0);
     return both(RowBlocks::halves_to_floats(head), RowBlocks::halves_to_floats(head >> 16));
   } else if constexpr (Format == kIQ4_XS) {
     const vuint head = rows.dwords(0);  // d, then the 16 bits of the scales' high parts
-    const vuint low = (rows.byte_at<kBytes>(4 + sub / 2) >> static_cast<uint32_t>(4 * (sub % 2))) & 0xF;
+    const vuint low = (byte_at<kBytes>(rows, 4 + sub / 2) >> static_cast<uint32_t>(4 * (sub % 2))) & 0xF;
     const vuint scale = low | (((head >> static_cast<uint32_t>(16 + 2 * sub)) & 3) << 4);
     return both(RowBlocks::halves_to_floats(head) * (to_float(scale) - 32.0f), vfloat{});
   } else if constexpr (Format == kQ4_K || Format == kQ5_K) {
     const vuint head = rows.dwords(0);  // d, dmin; then 12 bytes of 6-bit scales and mins (q4_k_scale_min)
-    const auto packed = [&](int64_t i) { return rows.byte_at<kBytes>(4 + i); };
+    const auto packed = [&](int64_t i) { return byte_at<kBytes>(rows, 4 + i); };
     vuint scale, minimum;
     if (sub < 4) {
       scale = packed(sub) & 63, minimum = packed(sub + 4) & 63;
@@ -118,14 +158,14 @@ __attribute__((always_inline)) inline GroupFactors group_factors(const RowBlocks
     }
     return both(RowBlocks::halves_to_floats(head) * to_float(scale), -(RowBlocks::halves_to_floats(head >> 16) * to_float(minimum)));
   } else if constexpr (Format == kQ6_K) {
-    const vfloat d = rows.half_at<kBytes>(208);
-    const auto scale = [&](int64_t i) { return to_float(reinterpret_cast<vuint>((reinterpret_cast<vint>(rows.byte_at<kBytes>(192 + i)) << 24) >> 24)); };
+    const vfloat d = half_at<kBytes>(rows, 208);
+    const auto scale = [&](int64_t i) { return to_float(reinterpret_cast<vuint>((reinterpret_cast<vint>(byte_at<kBytes>(rows, 192 + i)) << 24) >> 24)); };
     return {{d * scale(2 * sub), d * scale(2 * sub + 1)}, {vfloat{}, vfloat{}}};
   } else if constexpr (Format == kQ3_K) {
-    const vfloat d = rows.half_at<kBytes>(108);
+    const vfloat d = half_at<kBytes>(rows, 108);
     const auto scale = [&](int64_t i) {  // q3_k_scale: low 4 bits from bytes 0-7, high 2 from bytes 8-11
-      const vuint low = i < 8 ? rows.byte_at<kBytes>(96 + i) & 0xF : rows.byte_at<kBytes>(96 + i - 8) >> 4;
-      const vuint high = (rows.byte_at<kBytes>(96 + 8 + i % 4) >> static_cast<uint32_t>(2 * (i / 4))) & 3;
+      const vuint low = i < 8 ? byte_at<kBytes>(rows, 96 + i) & 0xF : byte_at<kBytes>(rows, 96 + i - 8) >> 4;
+      const vuint high = (byte_at<kBytes>(rows, 96 + 8 + i % 4) >> static_cast<uint32_t>(2 * (i / 4))) & 3;
       return to_float(low | (high << 4)) - 32.0f;
     };
     return {{d * scale(2 * sub), d * scale(2 * sub + 1)}, {vfloat{}, vfloat{}}};
@@ -134,12 +174,35 @@ __attribute__((always_inline)) inline GroupFactors group_factors(const RowBlocks
     const vfloat d = RowBlocks::halves_to_floats(tail), dmin = RowBlocks::halves_to_floats(tail >> 16);
     GroupFactors out;
     for (int64_t h = 0; h < 2; ++h) {
-      const vuint packed = rows.byte_at<kBytes>(2 * sub + h);
+      const vuint packed = byte_at<kBytes>(rows, 2 * sub + h);
       out.scale[h] = d * to_float(packed & 0xF), out.minimum[h] = -(dmin * to_float(packed >> 4));
     }
     return out;
   }
 }
+
+// The factors of eight rows, 32-value block after 32-value block (in any order): each GGUF block's
+// factor bytes gathered once, however many of its sub-blocks are asked for.
+template <int64_t Format>
+class RowFactors {
+ public:
+  explicit RowFactors(const RowBlocks& rows) : rows_(rows) {}
+
+  __attribute__((always_inline)) GroupFactors at(int64_t block) {
+    constexpr BlockLayout layout = kBlockLayouts[Format];
+    constexpr int64_t per_block = layout.values / kInt8BlockValues;
+    if (block / per_block != gathered_) {
+      gathered_ = block / per_block;
+      bytes_ = FactorDwords<Format>(RowBlocks{rows_.first + gathered_ * layout.bytes, rows_.offsets});
+    }
+    return group_factors<Format>(bytes_, block % per_block);
+  }
+
+ private:
+  RowBlocks rows_;
+  int64_t gathered_ = -1;
+  FactorDwords<Format> bytes_;
+};
 
 #if defined(__AVX2__)
 inline vbytes as_bytes(__m256i v) { return reinterpret_cast<vbytes>(v); }

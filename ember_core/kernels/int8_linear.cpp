@@ -169,7 +169,7 @@ inline RowBlocks group_rows(const uint8_t* blocks, int64_t row_bytes, int64_t ro
 
 // Block `block` of a group's rows, interleaved, with its factors.
 template <int64_t Format>
-__attribute__((always_inline)) inline void expand_group(const RowBlocks& rows, int64_t block, GroupBlock& g) {
+__attribute__((always_inline)) inline void expand_group(const RowBlocks& rows, RowFactors<Format>& row_factors, int64_t block, GroupBlock& g) {
   constexpr BlockLayout layout = kBlockLayouts[Format];
   constexpr int64_t per_block = layout.values / kInt8BlockValues;
   const RowBlocks at_block{rows.first + block / per_block * layout.bytes, rows.offsets};
@@ -180,7 +180,7 @@ __attribute__((always_inline)) inline void expand_group(const RowBlocks& rows, i
     if constexpr (kSignedWeights<Format>) natural[r] ^= 0x80;
   }
   interleave_rows(natural, g.u);
-  const GroupFactors factors = group_factors<Format>(at_block, block % per_block);
+  const GroupFactors factors = row_factors.at(block);
   for (int64_t h = 0; h < 2; ++h) g.scale[h] = factors.scale[h], g.minimum[h] = factors.minimum[h];
 }
 
@@ -312,6 +312,7 @@ void group_against_one_row(const Problem& p, int64_t row, int64_t rows) {
   const QuantizedRows& x = *p.x;
   const RowBlocks group = group_rows(p.blocks, p.row_bytes, row, rows);
   SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, p.n, row + kGroupRows, kGroupRows, x.blocks);
+  RowFactors<Format> row_factors(group);
   vfloat acc{};
   for (int64_t block = 0; block < x.blocks; ++block) {
     next_group.step();
@@ -330,7 +331,7 @@ void group_against_one_row(const Problem& p, int64_t row, int64_t rows) {
     vint sums[kParts<Format>];
     for (int64_t part = 0; part < kParts<Format>; ++part)
       sums[part] = part_offset_share<Format>(x, x.at(0, block), part) + (kParts<Format> == 2 ? halves[part] : halves[0] + halves[1]);
-    const GroupFactors factors = group_factors<Format>(at_block, block % per_block);
+    const GroupFactors factors = row_factors.at(block);
     acc = add_block_sums<Format>(acc, sums, factors.scale, factors.minimum, x, x.at(0, block));
   }
   store_outputs(p, acc, 0, row, rows);
@@ -434,7 +435,7 @@ std::vector<AmxXBlock> pack_x_for_amx(const QuantizedRows& x) {
 }
 
 // Weight rows [row, row + rows), rows <= 16: their factors into `out`, their values too unless
-// the tiles read them in place.
+// the tiles read them in place. A GGUF block at a time: each row's sub-blocks from one read of it.
 template <int64_t Format>
 AmxValues expand_for_amx(const Problem& p, int64_t row, int64_t rows, AmxTaskWeights& out) {
   constexpr BlockLayout layout = kBlockLayouts[Format];
@@ -443,27 +444,35 @@ AmxValues expand_for_amx(const Problem& p, int64_t row, int64_t rows, AmxTaskWei
                                rows > kGroupRows ? group_rows(p.blocks, p.row_bytes, row + kGroupRows, rows - kGroupRows)
                                                  : group_rows(p.blocks, p.row_bytes, row + rows - 1, 1)};
   const bool in_place = kAmxSigned<Format> && rows == kAmxRows;
+  RowFactors<Format> row_factors[2] = {RowFactors<Format>(eights[0]), RowFactors<Format>(eights[1])};
+  const uint8_t* sources[kAmxRows];
+  for (int64_t r = 0; r < kAmxRows; ++r) sources[r] = p.blocks + (row + std::min(r, rows - 1)) * p.row_bytes;
   SpreadPrefetch next_task = spread_prefetch_rows(p.blocks, p.row_bytes, p.n, row + kAmxRows, kAmxRows, p.x->blocks);
-  for (int64_t block = 0; block < p.x->blocks; ++block) {
-    next_task.step();
-    const int64_t offset = block / per_block * layout.bytes, sub = block % per_block;
-    for (int64_t e = 0; e < 2; ++e) {
-      const GroupFactors factors = group_factors<Format>(RowBlocks{eights[e].first + offset, eights[e].offsets}, sub);
-      for (int64_t part = 0; part < kParts<Format>; ++part) {
-        std::memcpy(&out.factors[block].scale[part][kGroupRows * e], &factors.scale[part], sizeof(vfloat));
-        std::memcpy(&out.factors[block].minimum[part][kGroupRows * e], &factors.minimum[part], sizeof(vfloat));
+  for (int64_t first = 0; first < p.x->blocks; first += per_block) {
+    for (int64_t sub = 0; sub < per_block; ++sub) {
+      next_task.step();
+      for (int64_t e = 0; e < 2; ++e) {
+        const GroupFactors factors = row_factors[e].at(first + sub);
+        for (int64_t part = 0; part < kParts<Format>; ++part) {
+          std::memcpy(&out.factors[first + sub].scale[part][kGroupRows * e], &factors.scale[part], sizeof(vfloat));
+          std::memcpy(&out.factors[first + sub].minimum[part][kGroupRows * e], &factors.minimum[part], sizeof(vfloat));
+        }
       }
     }
     if (in_place) continue;
+    const int64_t offset = first / per_block * layout.bytes;
+    uint8_t* values = out.values.data() + first * kAmxRows * kInt8BlockValues;
     for (int64_t r = 0; r < kAmxRows; ++r) {
-      const uint8_t* source = p.blocks + (row + std::min(r, rows - 1)) * p.row_bytes + offset;
-      uint8_t* values = out.values.data() + (block * kAmxRows + r) * kInt8BlockValues;
-      if constexpr (kAmxSigned<Format>) {
-        std::memcpy(values, source + 2, kInt8BlockValues);  // Q8_0: the bytes after its float16 scale
-      } else {
-        const vbytes u = integer_values<Format>(source, sub);
-        std::memcpy(values, &u, sizeof(u));
+      vbytes u[per_block];  // all of the row's sub-blocks before any store, so each byte is read once
+#pragma GCC unroll 8
+      for (int64_t sub = 0; sub < per_block; ++sub) {
+        if constexpr (kAmxSigned<Format>)
+          std::memcpy(&u[sub], sources[r] + offset + 2, kInt8BlockValues);  // Q8_0: the bytes after its float16 scale
+        else
+          u[sub] = integer_values<Format>(sources[r] + offset, sub);
       }
+#pragma GCC unroll 8
+      for (int64_t sub = 0; sub < per_block; ++sub) std::memcpy(values + (sub * kAmxRows + r) * kInt8BlockValues, &u[sub], sizeof(vbytes));
     }
   }
   if (in_place) return {p.blocks + row * p.row_bytes + 2, layout.bytes, p.row_bytes};
@@ -621,9 +630,10 @@ void int8_linear_as(const Problem& p) {
         const int64_t row = group * kGroupRows, rows = rows_of(group);
         SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, n, row + kGroupRows, kGroupRows, blocks);
         const RowBlocks group_blocks = group_rows(p.blocks, p.row_bytes, row, rows);
+        RowFactors<Format> row_factors(group_blocks);
         group_against_all_of_x<Format>(p, row, rows, [&](int64_t block) -> const GroupBlock& {
           next_group.step();
-          expand_group<Format>(group_blocks, block, g);
+          expand_group<Format>(group_blocks, row_factors, block, g);
           return g;
         });
       }
@@ -637,9 +647,10 @@ void int8_linear_as(const Problem& p) {
       const int64_t row = group * kGroupRows, rows = rows_of(group);
       const RowBlocks group_blocks = group_rows(p.blocks, p.row_bytes, row, rows);
       SpreadPrefetch next_group = spread_prefetch_rows(p.blocks, p.row_bytes, n, row + kGroupRows, kGroupRows, blocks);
+      RowFactors<Format> row_factors(group_blocks);
       for (int64_t block = 0; block < blocks; ++block) {
         next_group.step();
-        expand_group<Format>(group_blocks, block, expanded[block]);
+        expand_group<Format>(group_blocks, row_factors, block, expanded[block]);
       }
       group_against_all_of_x<Format>(p, row, rows, [&](int64_t block) -> const GroupBlock& { return expanded[block]; });
     }
