@@ -383,14 +383,15 @@ constexpr int64_t kPartValues = kInt8BlockValues / kParts<Format>;
 struct alignas(64) AmxXBlock {
   int8_t q[kInt8BlockValues / 4][4 * kAmxRows];  // tdpbusd's second operand: q[i][4 r + j] = row r's value 4 i + j
   float scale[kAmxRows];
-  int32_t offset_shares[2][kAmxRows];  // per part: - offset * sum(q), where the format has an offset
   float scaled_sums[2][kAmxRows];  // per part: scale * sum(q), where the format has a minimum
 };
 
-// Q8_0's values are signed bytes: tdpbssd takes them as stored, in place where a task has 16 rows,
-// and no offset is applied; the other formats' u take tdpbusd.
+// The formats with an offset take signed values w = u - offset (each fits a signed byte) through
+// tdpbssd, whose sums are then sum(u q) - offset sum(q) already, the integers the vector routes
+// add the offset's share to; Q8_0's are its stored bytes, read in place where a task has 16 rows.
+// The formats with a minimum take u through tdpbusd.
 template <int64_t Format>
-constexpr bool kAmxSigned = Format == kQ8_0;
+constexpr bool kAmxSigned = kOffsetShift<Format> >= 0;
 
 // One block's factors for a task's 16 weight rows; rows past n repeat the last one (their outputs
 // are not stored).
@@ -424,10 +425,8 @@ std::vector<AmxXBlock> pack_x_for_amx(const QuantizedRows& x) {
         const int64_t at = x.at(group * kAmxRows + r, block);
         for (int64_t four = 0; four < kInt8BlockValues / 4; ++four) std::memcpy(&out.q[four][4 * r], x.block_q(group * kAmxRows + r, block) + 4 * four, 4);
         out.scale[r] = x.scale[at];
-        for (int64_t part = 0; part < kParts<Format>; ++part) {
-          out.offset_shares[part][r] = part_offset_share<Format>(x, at, part)[0];
+        for (int64_t part = 0; part < kParts<Format>; ++part)
           out.scaled_sums[part][r] = kParts<Format> == 2 ? x.scaled_half_sums[2 * at + part] : x.scaled_sums[at];
-        }
       }
     }
   });
@@ -443,7 +442,7 @@ AmxValues expand_for_amx(const Problem& p, int64_t row, int64_t rows, AmxTaskWei
   const RowBlocks eights[2] = {group_rows(p.blocks, p.row_bytes, row, std::min(rows, kGroupRows)),
                                rows > kGroupRows ? group_rows(p.blocks, p.row_bytes, row + kGroupRows, rows - kGroupRows)
                                                  : group_rows(p.blocks, p.row_bytes, row + rows - 1, 1)};
-  const bool in_place = kAmxSigned<Format> && rows == kAmxRows;
+  const bool in_place = Format == kQ8_0 && rows == kAmxRows;
   RowFactors<Format> row_factors[2] = {RowFactors<Format>(eights[0]), RowFactors<Format>(eights[1])};
   const uint8_t* sources[kAmxRows];
   for (int64_t r = 0; r < kAmxRows; ++r) sources[r] = p.blocks + (row + std::min(r, rows - 1)) * p.row_bytes;
@@ -466,8 +465,10 @@ AmxValues expand_for_amx(const Problem& p, int64_t row, int64_t rows, AmxTaskWei
       vbytes u[per_block];  // all of the row's sub-blocks before any store, so each byte is read once
 #pragma GCC unroll 8
       for (int64_t sub = 0; sub < per_block; ++sub) {
-        if constexpr (kAmxSigned<Format>)
-          std::memcpy(&u[sub], sources[r] + offset + 2, kInt8BlockValues);  // Q8_0: the bytes after its float16 scale
+        if constexpr (Format == kQ8_0)
+          std::memcpy(&u[sub], sources[r] + offset + 2, kInt8BlockValues);  // the bytes after its float16 scale
+        else if constexpr (kAmxSigned<Format>)
+          u[sub] = integer_values<Format>(sources[r] + offset, sub) - static_cast<uint8_t>(1 << kOffsetShift<Format>);
         else
           u[sub] = integer_values<Format>(sources[r] + offset, sub);
       }
@@ -528,12 +529,10 @@ template <int64_t Format>
 __attribute__((always_inline)) inline void add_part_sums(__m512 (&acc)[kAmxRows], const int32_t (&sums)[kAmxRows][kAmxRows],
                                                          const AmxFactors& w, const AmxXBlock& x, int64_t part) {
   const __m512 x_scale = _mm512_load_ps(x.scale);
-  const __m512i share = _mm512_load_si512(x.offset_shares[part]);
   const __m512 scaled_sums = _mm512_load_ps(x.scaled_sums[part]);
 #pragma GCC unroll 16
   for (int64_t r = 0; r < kAmxRows; ++r) {
-    __m512i s = _mm512_load_si512(sums[r]);
-    if constexpr (kOffsetShift<Format> >= 0 && !kAmxSigned<Format>) s = _mm512_add_epi32(s, share);
+    const __m512i s = _mm512_load_si512(sums[r]);
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(w.scale[part][r]), x_scale), acc[r]);
     if constexpr (kOffsetShift<Format> < 0) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(w.minimum[part][r]), scaled_sums, acc[r]);
   }
