@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ember_core.kernels import cpu_ops
+from ember_core.layers.huge_pages import blocks_on_huge_pages
 from ember_core.layers.linear import (
     GGUF_BLOCK_FORMATS,
     PLAIN_WEIGHT_FORMAT,
@@ -49,6 +50,7 @@ def use_int8_arithmetic(model: nn.Module) -> int:
     linears and experts first where it holds no quantized weights; returns how many run it."""
     if not any(_quantized_weights(module) for module in model.modules()):
         _quantize_float_weights(model)
+        blocks_on_huge_pages(model)
     switched = 0
     for module in model.modules():
         if _quantized_weights(module):

@@ -15,6 +15,7 @@ from torch import nn
 from ember_core.auto_dtype import DtypeChoice, resolved_dtype
 from ember_core.config import Numerics
 from ember_core.kernels import cpu_ops
+from ember_core.layers.huge_pages import blocks_on_huge_pages
 from ember_core.layers.linear import GGUF_BLOCK_FORMATS, SIXTEEN_BIT_KINDS
 from ember_core.loaders.gguf_blocks import keep_gguf_blocks
 from ember_core.loaders.gguf_config import decoder_config_from_gguf
@@ -72,7 +73,9 @@ def load_gguf(
     model = materialize(lambda: Decoder(config, parallel), weights, device, dtype, norm_offset=0.0)
     if keeps_blocks and dtype in (torch.float32, torch.bfloat16):
         replaced = keep_gguf_blocks(model, tensors)
-        logger.info("%d linear and embedding layers run from their GGUF blocks", replaced)
+        moved = blocks_on_huge_pages(model)
+        logger.info("%d linear and embedding layers run from their GGUF blocks (%.0f MiB of them moved to a mapping "
+                    "advised 2 MiB pages)", replaced, moved / 2**20)
     return model, tokenizer, numerics
 
 
