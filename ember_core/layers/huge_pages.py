@@ -28,17 +28,17 @@ def _key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
 def blocks_on_huge_pages(model: nn.Module) -> int:
     """Move every uint8 CPU buffer of `model` (its GGUF blocks) into one anonymous mapping advised
     MADV_HUGEPAGE, each module's buffer rebound to its copy; returns the bytes moved (0 where this
-    Python's mmap has no MADV_HUGEPAGE, as off Linux)."""
+    Python's mmap has no MADV_HUGEPAGE, as off Linux). A tensor's old memory is freed as soon as
+    its owners are rebound, so loading peaks at one tensor above the model's size, not twice it."""
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         return 0
-    owners = [
-        (module, name, buffer)
-        for module in model.modules()
-        for name, buffer in module._buffers.items()
-        if buffer is not None and buffer.dtype == torch.uint8 and buffer.device.type == "cpu" and buffer.numel() > 0
-    ]
-    distinct = {_key(buffer): buffer for _, _, buffer in owners}
-    sizes = {key: -(-tensor.numel() // _TENSOR_ALIGNMENT) * _TENSOR_ALIGNMENT for key, tensor in distinct.items()}
+    owners: dict[tuple[int, tuple[int, ...], tuple[int, ...]], list[tuple[nn.Module, str]]] = {}
+    sizes = {}
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.dtype == torch.uint8 and buffer.device.type == "cpu" and buffer.numel() > 0:
+                owners.setdefault(_key(buffer), []).append((module, name))
+                sizes[_key(buffer)] = -(-buffer.numel() // _TENSOR_ALIGNMENT) * _TENSOR_ALIGNMENT
     total = sum(sizes.values())
     if total == 0:
         return 0
@@ -46,12 +46,13 @@ def blocks_on_huge_pages(model: nn.Module) -> int:
     region.madvise(mmap.MADV_HUGEPAGE)
     arena = torch.frombuffer(region, dtype=torch.uint8)  # holds `region` for as long as any view lives
     offset = -arena.data_ptr() % HUGE_PAGE_BYTES  # the first tensor on a 2 MiB boundary
-    copies = {}
-    for key, tensor in distinct.items():
+    for key, holders in owners.items():
+        module, name = holders[0]
+        tensor = module._buffers[name]
+        assert tensor is not None
         copy = arena[offset : offset + tensor.numel()].view(tensor.shape)
         copy.copy_(tensor)
-        copies[key] = copy
+        for module, name in holders:
+            module._buffers[name] = copy
         offset += sizes[key]
-    for module, name, buffer in owners:
-        module._buffers[name] = copies[_key(buffer)]
     return total
